@@ -1,0 +1,109 @@
+package codec
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+
+	"github.com/fxamacker/cbor/v2"
+)
+
+// Encoding selects CBOR or JSON.
+type Encoding uint8
+
+const (
+	CBOR Encoding = iota // canonical
+	JSON
+)
+
+// String returns the content type of e.
+func (e Encoding) String() string {
+	if e == JSON {
+		return "application/json"
+	}
+	return "application/cbor"
+}
+
+// Limits bound decoding.
+const (
+	// MaxOpsPerFrame is the most ops one frame may carry.
+	MaxOpsPerFrame = 1 << 16
+	maxNested      = 16
+	maxArray       = 1 << 24
+	maxMapPairs    = 64
+)
+
+var (
+	encMode cbor.EncMode
+	decMode cbor.DecMode
+)
+
+func init() {
+	var err error
+	encMode, err = cbor.CoreDetEncOptions().EncMode()
+	if err != nil {
+		panic(err)
+	}
+	decMode, err = cbor.DecOptions{
+		MaxNestedLevels:  maxNested,
+		MaxArrayElements: maxArray,
+		MaxMapPairs:      maxMapPairs,
+		IndefLength:      cbor.IndefLengthForbidden,
+		DupMapKey:        cbor.DupMapKeyEnforcedAPF,
+	}.DecMode()
+	if err != nil {
+		panic(err)
+	}
+}
+
+// Marshal encodes v (a Frame, Result, Device or any schema value).
+func Marshal(enc Encoding, v any) ([]byte, error) {
+	if enc == JSON {
+		return json.Marshal(v)
+	}
+	return encMode.Marshal(v)
+}
+
+// Unmarshal decodes data into v with the decode limits. Errors wrap ErrMalformed.
+func Unmarshal(enc Encoding, data []byte, v any) error {
+	var err error
+	if enc == JSON {
+		d := json.NewDecoder(bytes.NewReader(data))
+		err = d.Decode(v)
+		if err == nil && d.More() {
+			err = fmt.Errorf("trailing data after JSON value")
+		}
+	} else {
+		err = decMode.Unmarshal(data, v)
+	}
+	if err != nil {
+		return fmt.Errorf("%w (%v): %v", ErrMalformed, enc, err)
+	}
+	return nil
+}
+
+// DecodeFrame decodes and checks a frame: version and op count.
+func DecodeFrame(enc Encoding, data []byte) (*Frame, error) {
+	var f Frame
+	if err := Unmarshal(enc, data, &f); err != nil {
+		return nil, err
+	}
+	if f.V != Version {
+		return nil, fmt.Errorf("%w: frame version %d, this worker speaks %d", ErrVersion, f.V, Version)
+	}
+	if len(f.Ops) > MaxOpsPerFrame {
+		return nil, fmt.Errorf("%w: %d ops, at most %d", ErrTooManyOps, len(f.Ops), MaxOpsPerFrame)
+	}
+	return &f, nil
+}
+
+// EncodingOf returns the encoding named by a Content-Type header value.
+func EncodingOf(contentType string) (Encoding, error) {
+	switch contentType {
+	case "", "application/cbor":
+		return CBOR, nil
+	case "application/json":
+		return JSON, nil
+	}
+	return CBOR, fmt.Errorf("%w: content type %q (want application/cbor or application/json)", ErrMalformed, contentType)
+}

@@ -1,0 +1,140 @@
+package codec
+
+import (
+	"fmt"
+	"time"
+)
+
+// Version is the protocol version this build writes and reads.
+const Version = 1
+
+// Frame is one message on an op subject: a batch of ops for one session,
+// executed in order. A frame's position in the ops stream plus an op's index
+// in the frame is that op's identity.
+type Frame struct {
+	V   int  `cbor:"v" json:"v"`
+	Ops []Op `cbor:"ops" json:"ops"`
+}
+
+// Op is one operation. Op names the operation; Out lists the tensor ids it
+// produces and In the ids it consumes, both minted by the client and unique
+// within a session. The other fields are attributes; which of them an op
+// reads is listed in docs/PROTOCOL.md.
+type Op struct {
+	Op  string   `cbor:"op" json:"op"`
+	Out []uint64 `cbor:"out,omitempty" json:"out,omitempty"`
+	In  []uint64 `cbor:"in,omitempty" json:"in,omitempty"`
+	// Tag is chosen by the client on read and sync ops and echoed in the
+	// Result so the client can match replies.
+	Tag uint64 `cbor:"tag,omitempty" json:"tag,omitempty"`
+
+	DType    string `cbor:"dtype,omitempty" json:"dtype,omitempty"`
+	Shape    []int  `cbor:"shape,omitempty" json:"shape,omitempty"`
+	Axes     []int  `cbor:"axes,omitempty" json:"axes,omitempty"`
+	Keepdims bool   `cbor:"keepdims,omitempty" json:"keepdims,omitempty"`
+	Perm     []int  `cbor:"perm,omitempty" json:"perm,omitempty"`
+
+	Value float64 `cbor:"value,omitempty" json:"value,omitempty"`
+	Start float64 `cbor:"start,omitempty" json:"start,omitempty"`
+	Stop  float64 `cbor:"stop,omitempty" json:"stop,omitempty"`
+	Step  float64 `cbor:"step,omitempty" json:"step,omitempty"`
+	Low   float64 `cbor:"low,omitempty" json:"low,omitempty"`
+	High  float64 `cbor:"high,omitempty" json:"high,omitempty"`
+	Mean  float64 `cbor:"mean,omitempty" json:"mean,omitempty"`
+	Std   float64 `cbor:"std,omitempty" json:"std,omitempty"`
+	Seed  uint64  `cbor:"seed,omitempty" json:"seed,omitempty"`
+
+	// Data is an upload's bytes: contiguous, row-major, little-endian.
+	Data []byte `cbor:"data,omitempty" json:"data,omitempty"`
+	// Values is an upload's elements as numbers, for clients that cannot
+	// easily produce little-endian bytes (JSON). Data wins if both are set.
+	Values []float64 `cbor:"values,omitempty" json:"values,omitempty"`
+	// Object names an object in the transfer bucket holding an upload's
+	// bytes, for uploads too large to travel inline.
+	Object string `cbor:"object,omitempty" json:"object,omitempty"`
+}
+
+// Result answers a read or a sync on the frame's reply subject.
+type Result struct {
+	V int `cbor:"v" json:"v"`
+	// Tag echoes the op's tag (0 for an answer to an undecodable frame).
+	Tag uint64 `cbor:"tag,omitempty" json:"tag,omitempty"`
+	// Seq and Index identify the op answered: the frame's stream sequence
+	// and the op's index in it.
+	Seq   uint64 `cbor:"seq,omitempty" json:"seq,omitempty"`
+	Index int    `cbor:"index,omitempty" json:"index,omitempty"`
+	// Errors lists the errors of this session not yet reported, oldest
+	// first. A non-empty list means the read or sync failed.
+	Errors []Error `cbor:"errors,omitempty" json:"errors,omitempty"`
+	// Tensor is the data of a read.
+	Tensor *Tensor `cbor:"tensor,omitempty" json:"tensor,omitempty"`
+}
+
+// Tensor is a tensor's bytes, inline or as an object in the transfer bucket.
+type Tensor struct {
+	DType string `cbor:"dtype" json:"dtype"`
+	Shape []int  `cbor:"shape" json:"shape"`
+	// Data holds the bytes inline: contiguous, row-major, little-endian.
+	Data []byte `cbor:"data,omitempty" json:"data,omitempty"`
+	// Values repeats Data as numbers in JSON replies when every element is
+	// finite, for clients that prefer numbers.
+	Values []float64 `cbor:"values,omitempty" json:"values,omitempty"`
+	// Object names the object holding the bytes when they are too large
+	// to travel inline. The reader deletes it once read.
+	Object string `cbor:"object,omitempty" json:"object,omitempty"`
+	// SHA256 is the hex digest of the bytes, set with Object.
+	SHA256 string `cbor:"sha256,omitempty" json:"sha256,omitempty"`
+}
+
+// Error codes.
+const (
+	CodeMalformed  = "malformed"   // the frame could not be decoded
+	CodeVersion    = "version"     // unsupported protocol version
+	CodeUnknownOp  = "unknown_op"  // not in the op set
+	CodeArity      = "arity"       // wrong number of inputs or outputs
+	CodeShape      = "shape"       // shapes do not fit the op
+	CodeDType      = "dtype"       // dtype not accepted
+	CodeAttr       = "attr"        // attribute missing or out of range
+	CodeUnknownID  = "unknown_id"  // tensor id never created, or freed
+	CodeFailedID   = "failed_id"   // input was produced by a failed op
+	CodeDuplicate  = "duplicate"   // output id already in use
+	CodeTooLarge   = "too_large"   // over a configured limit
+	CodeLimit      = "limit"       // sessions, memory or ops over a limit
+	CodeInternal   = "internal"    // a backend failure
+	CodeUnavailabe = "unavailable" // object missing, timeout
+)
+
+// Error is an op's failure. Seq and Index identify the op; Op names it.
+type Error struct {
+	Seq     uint64 `cbor:"seq,omitempty" json:"seq,omitempty"`
+	Index   int    `cbor:"index" json:"index"`
+	Op      string `cbor:"op,omitempty" json:"op,omitempty"`
+	Code    string `cbor:"code" json:"code"`
+	Message string `cbor:"message" json:"message"`
+}
+
+// Error formats as "op add (frame 12, op 3): shape: ...".
+func (e *Error) Error() string {
+	op := e.Op
+	if op == "" {
+		op = "frame"
+	}
+	return fmt.Sprintf("jetfabric: op %s (frame %d, op %d): %s: %s", op, e.Seq, e.Index, e.Code, e.Message)
+}
+
+// Device is a device's entry in the registry (FABRIC_CTRL key device.<name>).
+type Device struct {
+	Name     string            `cbor:"name" json:"name"`
+	Kind     string            `cbor:"kind" json:"kind"` // "cpu" or "gpu"
+	Backend  string            `cbor:"backend" json:"backend"`
+	Worker   string            `cbor:"worker" json:"worker"`
+	Host     string            `cbor:"host" json:"host"`
+	Cores    int               `cbor:"cores,omitempty" json:"cores,omitempty"`
+	Memory   int64             `cbor:"memory,omitempty" json:"memory,omitempty"`
+	Props    map[string]string `cbor:"props,omitempty" json:"props,omitempty"`
+	Started  time.Time         `cbor:"started" json:"started"`
+	Beat     time.Time         `cbor:"beat" json:"beat"`
+	Sessions int               `cbor:"sessions" json:"sessions"`
+	Applied  uint64            `cbor:"applied" json:"applied"` // last stream sequence applied
+	State    string            `cbor:"state" json:"state"`     // "serving", "stopped"
+}

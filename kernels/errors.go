@@ -1,0 +1,24 @@
+package kernels
+
+import "errors"
+
+// Errors returned by shape inference and backends. Callers match them with
+// errors.Is; the wrapped text says which op and which input.
+var (
+	// ErrUnknownOp: the op name is not in the op set.
+	ErrUnknownOp = errors.New("kernels: unknown op")
+	// ErrArity: the op got the wrong number of inputs.
+	ErrArity = errors.New("kernels: wrong number of inputs")
+	// ErrShape: shapes do not fit the op (broadcast, matmul, reshape...).
+	ErrShape = errors.New("kernels: shape mismatch")
+	// ErrDType: the op does not accept this dtype.
+	ErrDType = errors.New("kernels: unsupported dtype")
+	// ErrAttr: an attribute is missing or out of range.
+	ErrAttr = errors.New("kernels: invalid attribute")
+	// ErrTooLarge: a tensor exceeds a configured limit.
+	ErrTooLarge = errors.New("kernels: tensor too large")
+	// ErrNotImplemented: the backend cannot run this op; callers may fall back.
+	ErrNotImplemented = errors.New("kernels: not implemented by this backend")
+	// ErrOutOfMemory: the backend could not allocate.
+	ErrOutOfMemory = errors.New("kernels: out of device memory")
+)

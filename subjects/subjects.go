@@ -1,0 +1,177 @@
+// Package subjects names everything jetfabric puts on NATS: the op subjects,
+// the reply and telemetry subjects, the JetStream stream, the key-value and
+// object buckets, the keys inside them and the message headers.
+//
+// Every name is derived from one prefix (DefaultPrefix, "fabric"), so several
+// fabrics can share one NATS account. Nothing else in jetfabric spells a
+// subject or a bucket name by hand.
+//
+// Device and session tokens travel inside subjects, so they are validated
+// here: a token is 1 to 64 characters from [A-Za-z0-9_-].
+package subjects
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// DefaultPrefix is the prefix used when none is configured.
+const DefaultPrefix = "fabric"
+
+// Header names carried on op frames and replies.
+const (
+	// HeaderReply carries the subject on which the worker answers the
+	// reads and syncs of a frame. JetStream drops a publish's reply
+	// subject, so the inbox travels as a header.
+	HeaderReply = "Fabric-Reply"
+	// HeaderContentType selects the frame encoding: ContentTypeJSON, or
+	// CBOR when absent or ContentTypeCBOR.
+	HeaderContentType = "Content-Type"
+	// HeaderVersion carries the protocol version of a frame (optional;
+	// the frame body carries it too).
+	HeaderVersion = "Fabric-Version"
+)
+
+// Content types accepted in HeaderContentType.
+const (
+	ContentTypeCBOR = "application/cbor"
+	ContentTypeJSON = "application/json"
+)
+
+// MaxTokenLen is the longest device or session token.
+const MaxTokenLen = 64
+
+// Errors returned by the validators and parsers.
+var (
+	ErrInvalidToken   = errors.New("subjects: invalid token")
+	ErrInvalidPrefix  = errors.New("subjects: invalid prefix")
+	ErrInvalidSubject = errors.New("subjects: not an op subject")
+)
+
+// Names derives every subject, stream and bucket name from one prefix.
+// The zero value is not usable; use New or Default.
+type Names struct {
+	prefix string // e.g. "fabric"
+	upper  string // e.g. "FABRIC"
+}
+
+// Default returns the names for DefaultPrefix.
+func Default() Names {
+	n, _ := New(DefaultPrefix)
+	return n
+}
+
+// New returns the names for prefix. The prefix obeys the token rules and is
+// also used, upper-cased, in stream and bucket names.
+func New(prefix string) (Names, error) {
+	if err := ValidateToken(prefix); err != nil {
+		return Names{}, fmt.Errorf("%w %q: %v", ErrInvalidPrefix, prefix, err)
+	}
+	return Names{prefix: prefix, upper: strings.ToUpper(strings.ReplaceAll(prefix, "-", "_"))}, nil
+}
+
+// Prefix returns the configured prefix.
+func (n Names) Prefix() string { return n.prefix }
+
+// OpsStream is the JetStream stream capturing every op frame: FABRIC_OPS.
+func (n Names) OpsStream() string { return n.upper + "_OPS" }
+
+// CtrlBucket is the key-value bucket holding the device registry, leases
+// and checkpoints: FABRIC_CTRL.
+func (n Names) CtrlBucket() string { return n.upper + "_CTRL" }
+
+// XferBucket is the object bucket holding transfers, large uploads and
+// large results: FABRIC_XFER.
+func (n Names) XferBucket() string { return n.upper + "_XFER" }
+
+// Ops is the subject a client publishes a session's frames to:
+// fabric.ops.<device>.<session>. Both tokens must be valid (see ValidateToken).
+func (n Names) Ops(device, session string) string {
+	return n.prefix + ".ops." + device + "." + session
+}
+
+// OpsDevice is the filter matching every session of one device:
+// fabric.ops.<device>.*.
+func (n Names) OpsDevice(device string) string { return n.prefix + ".ops." + device + ".*" }
+
+// OpsAll is the filter captured by the ops stream: fabric.ops.>.
+func (n Names) OpsAll() string { return n.prefix + ".ops.>" }
+
+// ParseOps splits an op subject into its device and session tokens.
+func (n Names) ParseOps(subject string) (device, session string, err error) {
+	rest, ok := strings.CutPrefix(subject, n.prefix+".ops.")
+	if !ok {
+		return "", "", fmt.Errorf("%w: %q", ErrInvalidSubject, subject)
+	}
+	device, session, ok = strings.Cut(rest, ".")
+	if !ok {
+		return "", "", fmt.Errorf("%w: %q has no session token", ErrInvalidSubject, subject)
+	}
+	if err := ValidateDevice(device); err != nil {
+		return "", "", err
+	}
+	if err := ValidateSession(session); err != nil {
+		return "", "", err
+	}
+	return device, session, nil
+}
+
+// Telemetry is the subject a worker publishes a device's telemetry on:
+// fabric.telemetry.<device>.
+func (n Names) Telemetry(device string) string { return n.prefix + ".telemetry." + device }
+
+// TelemetryAll matches every device's telemetry.
+func (n Names) TelemetryAll() string { return n.prefix + ".telemetry.*" }
+
+// InboxPrefix is the prefix of client reply inboxes: _INBOX_fabric.
+// Deployments with permissions grant clients subscribe rights on it.
+func (n Names) InboxPrefix() string { return "_INBOX_" + n.prefix }
+
+// DeviceKey is the FABRIC_CTRL key of a device's registry entry: device.<device>.
+func DeviceKey(device string) string { return "device." + device }
+
+// DeviceKeys matches every registry entry.
+const DeviceKeys = "device.*"
+
+// LeaseKey is the FABRIC_CTRL key of a device's ownership lease: lease.<device>.
+func LeaseKey(device string) string { return "lease." + device }
+
+// CheckpointKey is the FABRIC_CTRL key of a device's last checkpoint: ckpt.<device>.
+func CheckpointKey(device string) string { return "ckpt." + device }
+
+// ValidateToken reports whether s can stand as one subject token: 1 to
+// MaxTokenLen characters from [A-Za-z0-9_-].
+func ValidateToken(s string) error {
+	if s == "" {
+		return fmt.Errorf("%w: empty", ErrInvalidToken)
+	}
+	if len(s) > MaxTokenLen {
+		return fmt.Errorf("%w: %d characters, at most %d", ErrInvalidToken, len(s), MaxTokenLen)
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '_', c == '-':
+		default:
+			return fmt.Errorf("%w: %q has forbidden character %q at %d (allowed: A-Z a-z 0-9 _ -)", ErrInvalidToken, s, c, i)
+		}
+	}
+	return nil
+}
+
+// ValidateDevice validates a device name such as cpu-0 or gpu-3.
+func ValidateDevice(device string) error {
+	if err := ValidateToken(device); err != nil {
+		return fmt.Errorf("device name: %w", err)
+	}
+	return nil
+}
+
+// ValidateSession validates a session token.
+func ValidateSession(session string) error {
+	if err := ValidateToken(session); err != nil {
+		return fmt.Errorf("session token: %w", err)
+	}
+	return nil
+}
