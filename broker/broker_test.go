@@ -1,0 +1,137 @@
+package broker_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetfabric/jetfabric/broker"
+	"github.com/jetfabric/jetfabric/broker/brokertest"
+)
+
+func TestStartProvisionsEverything(t *testing.T) {
+	b := brokertest.Run(t)
+	nc, err := nats.Connect(b.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	s, err := js.Stream(ctx, "FABRIC_OPS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	if cfg.Discard != jetstream.DiscardNew || cfg.Retention != jetstream.LimitsPolicy || cfg.MaxMsgSize != 8<<20 {
+		t.Errorf("ops stream config: discard %v retention %v max msg %d", cfg.Discard, cfg.Retention, cfg.MaxMsgSize)
+	}
+	if len(cfg.Subjects) != 1 || cfg.Subjects[0] != "fabric.ops.>" {
+		t.Errorf("ops stream subjects %v", cfg.Subjects)
+	}
+	if _, err := js.KeyValue(ctx, "FABRIC_CTRL"); err != nil {
+		t.Error(err)
+	}
+	if _, err := js.ObjectStore(ctx, "FABRIC_XFER"); err != nil {
+		t.Error(err)
+	}
+	if err := broker.WaitProvisioned(ctx, js, b.Names()); err != nil {
+		t.Error(err)
+	}
+	// Provisioning again is a no-op.
+	if err := broker.ProvisionStreams(ctx, js, b.Names(), broker.DefaultProvision()); err != nil {
+		t.Errorf("second provision: %v", err)
+	}
+	if err := b.Shutdown(ctx); err != nil {
+		t.Error(err)
+	}
+	if err := b.Shutdown(ctx); err != nil {
+		t.Errorf("second shutdown: %v", err)
+	}
+}
+
+func TestRestartKeepsStore(t *testing.T) {
+	dir := t.TempDir()
+	for i := range 2 {
+		b := brokertest.Run(t, func(c *broker.Config) { c.StoreDir = dir })
+		nc, err := nats.Connect(b.ClientURL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		js, _ := jetstream.New(nc)
+		s, err := js.Stream(context.Background(), "FABRIC_OPS")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.CachedInfo().State.Msgs; got != uint64(i) {
+			t.Errorf("run %d: %d messages in the ops stream, want %d", i, got, i)
+		}
+		if _, err := js.Publish(context.Background(), "fabric.ops.cpu-0.s", []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		nc.Close()
+		_ = b.Shutdown(context.Background())
+	}
+}
+
+func TestAuthRequired(t *testing.T) {
+	b := brokertest.Run(t, func(c *broker.Config) { c.Users = []broker.User{{Name: "alice", Password: "s3cret"}} })
+	if nc, err := nats.Connect(b.ClientURL()); err == nil {
+		nc.Close()
+		t.Fatal("connected without credentials")
+	}
+	nc, err := nats.Connect(b.ClientURL(), nats.UserInfo("alice", "s3cret"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+}
+
+func TestInProcess(t *testing.T) {
+	b := brokertest.Run(t, func(c *broker.Config) { c.InProcess = true })
+	if b.ClientURL() != "" {
+		t.Errorf("in-process broker has URL %q", b.ClientURL())
+	}
+	nc, err := b.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if _, err := nc.Request("$JS.API.INFO", nil, 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestBadConfig(t *testing.T) {
+	for name, edit := range map[string]func(*broker.Config){
+		"no store dir":     func(c *broker.Config) { c.StoreDir = "" },
+		"tiny payload":     func(c *broker.Config) { c.MaxPayload = 10 },
+		"huge payload":     func(c *broker.Config) { c.MaxPayload = 1 << 30 },
+		"bad port":         func(c *broker.Config) { c.Port = 70000 },
+		"bad prefix":       func(c *broker.Config) { c.Prefix = "a.b" },
+		"frame > payload":  func(c *broker.Config) { c.Provision.OpsMaxMsgSize = 16 << 20 },
+		"replicas 2":       func(c *broker.Config) { c.Provision.Replicas = 2 },
+		"user no password": func(c *broker.Config) { c.Users = []broker.User{{Name: "a"}} },
+		"cluster in proc":  func(c *broker.Config) { c.InProcess = true; c.Cluster.Name = "c" },
+		"missing file":     func(c *broker.Config) { c.ConfigFile = "/nonexistent/nats.conf" },
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg := broker.DefaultConfig()
+			cfg.StoreDir = t.TempDir()
+			cfg.Port = -1
+			edit(&cfg)
+			_, err := broker.New(cfg)
+			if !errors.Is(err, broker.ErrInvalidConfig) {
+				t.Fatalf("got %v, want ErrInvalidConfig", err)
+			}
+			if !strings.HasPrefix(err.Error(), "broker: ") {
+				t.Errorf("error %q lacks the package prefix", err)
+			}
+		})
+	}
+}
