@@ -84,14 +84,16 @@ func Infer(op *Op, in []Meta, lim Limits) ([]Meta, error) {
 		return nil, err
 	}
 	for _, m := range out {
-		if err := checkShape(m.Shape, lim); err != nil {
+		if err := CheckShape(m.Shape, lim); err != nil {
 			return nil, fmt.Errorf("%s output: %w", op.Name, err)
 		}
 	}
 	return out, nil
 }
 
-func checkShape(shape []int, lim Limits) error {
+// CheckShape checks a shape against lim: no negative dims, rank and element
+// count within the limits. Errors wrap ErrShape or ErrTooLarge.
+func CheckShape(shape []int, lim Limits) error {
 	if lim.MaxRank > 0 && len(shape) > lim.MaxRank {
 		return fmt.Errorf("%w: rank %d over the limit %d", ErrTooLarge, len(shape), lim.MaxRank)
 	}
