@@ -175,3 +175,7 @@ func ValidateSession(session string) error {
 	}
 	return nil
 }
+
+// BenchEcho is the core NATS subject of the raw request/reply responder
+// that `jetfabric bench` measures the fabric against.
+func (n Names) BenchEcho() string { return n.prefix + ".bench.echo" }

@@ -1,0 +1,244 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetfabric/jetfabric/codec"
+	"github.com/jetfabric/jetfabric/objectstore"
+	"github.com/jetfabric/jetfabric/subjects"
+)
+
+// Device is a device's registry entry.
+type Device = codec.Device
+
+// Client is a connection to a fabric.
+type Client struct {
+	opts  options
+	names subjects.Names
+	nc    *nats.Conn
+	owns  bool
+	js    jetstream.JetStream
+
+	mu       sync.Mutex
+	sessions map[string]*Session // by op subject, for publish errors
+	xfer     *objectstore.Store
+	closed   bool
+}
+
+// Connect dials url and returns a client that owns the connection.
+func Connect(url string, opts ...Option) (*Client, error) {
+	o, err := buildOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	nopts := append([]nats.Option{nats.Name("jetfabric-client"), nats.MaxReconnects(-1)}, o.natsOpts...)
+	nc, err := nats.Connect(url, nopts...)
+	if err != nil {
+		return nil, fmt.Errorf("client: connect %s: %w", url, err)
+	}
+	c, err := newClient(nc, o)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	c.owns = true
+	return c, nil
+}
+
+// New returns a client on an existing connection, which the caller keeps
+// and closes.
+func New(nc *nats.Conn, opts ...Option) (*Client, error) {
+	o, err := buildOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	return newClient(nc, o)
+}
+
+func buildOptions(opts []Option) (options, error) {
+	o := defaultOptions()
+	for _, opt := range opts {
+		if err := opt(&o); err != nil {
+			return o, err
+		}
+	}
+	return o, nil
+}
+
+func newClient(nc *nats.Conn, o options) (*Client, error) {
+	names, err := subjects.New(o.prefix)
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{opts: o, names: names, nc: nc, sessions: map[string]*Session{}}
+	c.js, err = jetstream.New(nc,
+		jetstream.WithPublishAsyncMaxPending(o.window),
+		jetstream.WithPublishAsyncErrHandler(c.publishFailed))
+	if err != nil {
+		return nil, fmt.Errorf("client: %w", err)
+	}
+	return c, nil
+}
+
+// publishFailed records a refused frame on its session.
+func (c *Client) publishFailed(_ jetstream.JetStream, m *nats.Msg, err error) {
+	c.mu.Lock()
+	s := c.sessions[m.Subject]
+	c.mu.Unlock()
+	if s != nil {
+		s.fail(fmt.Errorf("%w: %d bytes on %s: %v", ErrPublish, len(m.Data), m.Subject, err))
+	}
+}
+
+// Conn is the underlying NATS connection.
+func (c *Client) Conn() *nats.Conn { return c.nc }
+
+// Devices lists the registered devices, sorted by name.
+func (c *Client) Devices(ctx context.Context) ([]Device, error) {
+	kv, err := c.js.KeyValue(ctx, c.names.CtrlBucket())
+	if err != nil {
+		return nil, fmt.Errorf("client: device registry %s: %w", c.names.CtrlBucket(), err)
+	}
+	w, err := kv.Watch(ctx, subjects.DeviceKeys, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, fmt.Errorf("client: device registry: %w", err)
+	}
+	defer w.Stop()
+	var devs []Device
+	for {
+		select {
+		case e := <-w.Updates():
+			if e == nil {
+				slices.SortFunc(devs, func(a, b Device) int { return compareNames(a.Name, b.Name) })
+				return devs, nil
+			}
+			var d Device
+			if err := json.Unmarshal(e.Value(), &d); err != nil {
+				return nil, fmt.Errorf("client: registry entry %s: %w", e.Key(), err)
+			}
+			devs = append(devs, d)
+		case <-ctx.Done():
+			return nil, fmt.Errorf("client: device registry: %w", ctx.Err())
+		}
+	}
+}
+
+// compareNames orders cpu-2 before cpu-10.
+func compareNames(a, b string) int {
+	if len(a) != len(b) {
+		ia, ib := lastDigits(a), lastDigits(b)
+		if a[:ia] == b[:ib] {
+			return len(a) - len(b)
+		}
+	}
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func lastDigits(s string) int {
+	i := len(s)
+	for i > 0 && s[i-1] >= '0' && s[i-1] <= '9' {
+		i--
+	}
+	return i
+}
+
+// Live reports whether a registry entry is a serving device whose last
+// heartbeat is recent.
+func Live(d Device, now time.Time) bool {
+	return d.State == "serving" && now.Sub(d.Beat) < 10*time.Second
+}
+
+// Open starts a session on device. The device must be registered and live.
+func (c *Client) Open(ctx context.Context, device string) (*Session, error) {
+	if err := subjects.ValidateDevice(device); err != nil {
+		return nil, fmt.Errorf("client: %w", err)
+	}
+	kv, err := c.js.KeyValue(ctx, c.names.CtrlBucket())
+	if err != nil {
+		return nil, fmt.Errorf("client: device registry: %w", err)
+	}
+	e, err := kv.Get(ctx, subjects.DeviceKey(device))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, fmt.Errorf("%w: %s is not registered (jetfabric devices lists them)", ErrNoDevice, device)
+	} else if err != nil {
+		return nil, fmt.Errorf("client: device registry: %w", err)
+	}
+	var d Device
+	if err := json.Unmarshal(e.Value(), &d); err != nil {
+		return nil, fmt.Errorf("client: registry entry %s: %w", device, err)
+	}
+	if !Live(d, time.Now()) {
+		return nil, fmt.Errorf("%w: %s is %s, last heartbeat %v ago", ErrNoDevice, device, d.State, time.Since(d.Beat).Round(time.Second))
+	}
+	s, err := newSession(c, device)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		s.sub.Unsubscribe()
+		return nil, ErrClosed
+	}
+	c.sessions[s.subject] = s
+	return s, nil
+}
+
+func (c *Client) forget(s *Session) {
+	c.mu.Lock()
+	delete(c.sessions, s.subject)
+	c.mu.Unlock()
+}
+
+// objects returns the transfer bucket, opened on first use.
+func (c *Client) objects() (*objectstore.Store, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.xfer == nil {
+		s, err := objectstore.New(c.js, c.names.XferBucket())
+		if err != nil {
+			return nil, fmt.Errorf("client: %w", err)
+		}
+		c.xfer = s
+	}
+	return c.xfer, nil
+}
+
+// Close closes every session's subscription and, if the client dialled
+// the connection, the connection. It does not wait for workers; close
+// sessions first to free their tensors.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	sessions := make([]*Session, 0, len(c.sessions))
+	for _, s := range c.sessions {
+		sessions = append(sessions, s)
+	}
+	c.mu.Unlock()
+	for _, s := range sessions {
+		s.abandon()
+	}
+	if c.owns {
+		c.nc.Close()
+	}
+	return nil
+}

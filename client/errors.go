@@ -1,0 +1,20 @@
+package client
+
+import "errors"
+
+// Errors returned by the client.
+var (
+	// ErrNoDevice: the device is not registered or not serving.
+	ErrNoDevice = errors.New("client: no such device")
+	// ErrClosed: the session or client is closed.
+	ErrClosed = errors.New("client: closed")
+	// ErrInvalidOption wraps option errors.
+	ErrInvalidOption = errors.New("client: invalid option")
+	// ErrInvalidArgument: a call's arguments are wrong (checked here,
+	// before anything is sent).
+	ErrInvalidArgument = errors.New("client: invalid argument")
+	// ErrDType: the tensor's dtype does not fit the read asked for.
+	ErrDType = errors.New("client: dtype mismatch")
+	// ErrPublish: a frame was refused by the server.
+	ErrPublish = errors.New("client: frame not accepted")
+)

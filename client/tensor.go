@@ -1,0 +1,180 @@
+package client
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/jetfabric/jetfabric/codec"
+)
+
+// Tensor is a handle on a tensor of a session. Methods that build ops
+// return new tensors at once; nothing waits for the worker until a read.
+type Tensor struct {
+	s  *Session
+	id uint64
+}
+
+// ID is the tensor's id in its session.
+func (t *Tensor) ID() uint64 { return t.id }
+
+// Session is the tensor's session.
+func (t *Tensor) Session() *Session { return t.s }
+
+// FromFloat32 uploads data with shape inline (for large data use Upload).
+func (s *Session) FromFloat32(shape []int, data []float32) *Tensor {
+	if n := numel(shape); n != len(data) {
+		s.fail(fmt.Errorf("%w: FromFloat32 shape %v holds %d elements, got %d", ErrInvalidArgument, shape, n, len(data)))
+		return &Tensor{s: s}
+	}
+	b := make([]byte, 4*len(data))
+	for i, v := range data {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
+	}
+	return s.enqueue(codec.Op{Op: "upload", DType: "f32", Shape: slices.Clone(shape), Data: b}, 1)
+}
+
+func numel(shape []int) int {
+	n := 1
+	for _, d := range shape {
+		n *= d
+	}
+	return n
+}
+
+// Full is a float32 tensor of shape filled with v.
+func (s *Session) Full(shape []int, v float64) *Tensor {
+	return s.enqueue(codec.Op{Op: "full", Shape: slices.Clone(shape), Value: v}, 1)
+}
+
+// Arange is the float32 vector start, start+step, ... below stop.
+func (s *Session) Arange(start, stop, step float64) *Tensor {
+	return s.enqueue(codec.Op{Op: "arange", Start: start, Stop: stop, Step: step}, 1)
+}
+
+// Uniform is a float32 tensor drawn uniformly from [low, high), keyed by
+// the session seed and the tensor's id.
+func (s *Session) Uniform(shape []int, low, high float64) *Tensor {
+	return s.enqueue(codec.Op{Op: "uniform", Shape: slices.Clone(shape), Low: low, High: high}, 1)
+}
+
+// Normal is a float32 tensor drawn from N(mean, std^2).
+func (s *Session) Normal(shape []int, mean, std float64) *Tensor {
+	return s.enqueue(codec.Op{Op: "normal", Shape: slices.Clone(shape), Mean: mean, Std: std}, 1)
+}
+
+func (t *Tensor) unary(op string) *Tensor { return t.s.enqueue(codec.Op{Op: op}, 1, t) }
+func (t *Tensor) binary(op string, u *Tensor) *Tensor {
+	return t.s.enqueue(codec.Op{Op: op}, 1, t, u)
+}
+
+// Add, Sub, Mul and Div are elementwise with numpy broadcasting.
+func (t *Tensor) Add(u *Tensor) *Tensor { return t.binary("add", u) }
+func (t *Tensor) Sub(u *Tensor) *Tensor { return t.binary("sub", u) }
+func (t *Tensor) Mul(u *Tensor) *Tensor { return t.binary("mul", u) }
+func (t *Tensor) Div(u *Tensor) *Tensor { return t.binary("div", u) }
+
+// Neg, Exp, Log, Sqrt, Relu and Tanh are elementwise.
+func (t *Tensor) Neg() *Tensor  { return t.unary("neg") }
+func (t *Tensor) Exp() *Tensor  { return t.unary("exp") }
+func (t *Tensor) Log() *Tensor  { return t.unary("log") }
+func (t *Tensor) Sqrt() *Tensor { return t.unary("sqrt") }
+func (t *Tensor) Relu() *Tensor { return t.unary("relu") }
+func (t *Tensor) Tanh() *Tensor { return t.unary("tanh") }
+
+// Sum, Mean and Max reduce over axes (none: all), dropping them.
+func (t *Tensor) Sum(axes ...int) *Tensor  { return t.Reduce("sum", false, axes...) }
+func (t *Tensor) Mean(axes ...int) *Tensor { return t.Reduce("mean", false, axes...) }
+func (t *Tensor) Max(axes ...int) *Tensor  { return t.Reduce("max", false, axes...) }
+
+// Reduce applies reduction op over axes (none: all), keeping them as size 1
+// if keepdims.
+func (t *Tensor) Reduce(op string, keepdims bool, axes ...int) *Tensor {
+	return t.s.enqueue(codec.Op{Op: op, Axes: slices.Clone(axes), Keepdims: keepdims}, 1, t)
+}
+
+// Matmul is the matrix product, batched over leading dims with broadcasting.
+func (t *Tensor) Matmul(u *Tensor) *Tensor { return t.binary("matmul", u) }
+
+// Reshape gives t a new shape with the same elements; one dim may be -1.
+func (t *Tensor) Reshape(shape ...int) *Tensor {
+	return t.s.enqueue(codec.Op{Op: "reshape", Shape: slices.Clone(shape)}, 1, t)
+}
+
+// Permute reorders the axes.
+func (t *Tensor) Permute(perm ...int) *Tensor {
+	return t.s.enqueue(codec.Op{Op: "permute", Perm: slices.Clone(perm)}, 1, t)
+}
+
+// Cast converts to dtype (f32, f64, f16, bf16, i32, i64, u8, bool).
+func (t *Tensor) Cast(dtype string) *Tensor {
+	return t.s.enqueue(codec.Op{Op: "cast", DType: dtype}, 1, t)
+}
+
+// Free releases the tensor on the worker. Later uses report an unknown id.
+func (t *Tensor) Free() {
+	t.s.enqueue(codec.Op{Op: "free", In: nil}, 0, t)
+}
+
+// Data is a tensor read back from the worker.
+type Data struct {
+	DType string
+	Shape []int
+	Bytes []byte // contiguous, row-major, little-endian
+}
+
+// Read waits for the tensor and returns its bytes.
+func (t *Tensor) Read(ctx context.Context) (*Data, error) {
+	if t.id == 0 {
+		// The op that should have made t was refused here; report why.
+		return nil, t.s.collect(nil)
+	}
+	r, err := t.s.call(ctx, codec.Op{Op: "read", In: []uint64{t.id}})
+	if err != nil {
+		return nil, err
+	}
+	if r.Tensor == nil {
+		return nil, fmt.Errorf("client: read of tensor %d returned no data", t.id)
+	}
+	d := &Data{DType: r.Tensor.DType, Shape: r.Tensor.Shape, Bytes: r.Tensor.Data}
+	if r.Tensor.Object != "" {
+		if d.Bytes, err = t.s.fetch(ctx, r.Tensor); err != nil {
+			return nil, err
+		}
+	}
+	return d, nil
+}
+
+func (s *Session) fetch(ctx context.Context, td *codec.Tensor) ([]byte, error) {
+	store, err := s.c.objects()
+	if err != nil {
+		return nil, err
+	}
+	b, info, err := store.Get(ctx, td.Object)
+	if err != nil {
+		return nil, fmt.Errorf("client: read result object %s: %w", td.Object, err)
+	}
+	if td.SHA256 != "" && info.SHA256 != td.SHA256 {
+		return nil, fmt.Errorf("client: result object %s digest %s, the worker wrote %s", td.Object, info.SHA256, td.SHA256)
+	}
+	_ = store.Delete(ctx, td.Object)
+	return b, nil
+}
+
+// Float32s reads a float32 tensor.
+func (t *Tensor) Float32s(ctx context.Context) ([]float32, error) {
+	d, err := t.Read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if d.DType != "f32" {
+		return nil, fmt.Errorf("%w: tensor %d is %s, not f32 (Cast it, or use Read)", ErrDType, t.id, d.DType)
+	}
+	out := make([]float32, len(d.Bytes)/4)
+	for i := range out {
+		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(d.Bytes[4*i:]))
+	}
+	return out, nil
+}

@@ -1,0 +1,338 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetfabric/jetfabric/client"
+	"github.com/jetfabric/jetfabric/codec"
+	"github.com/jetfabric/jetfabric/subjects"
+)
+
+// benchReport is what `jetfabric bench --json` prints.
+type benchReport struct {
+	Layout   string `json:"layout"`
+	Machine  string `json:"machine"`
+	GoMaxPro int    `json:"gomaxprocs"`
+
+	RoundTripP50us    float64 `json:"roundtrip_p50_us"`
+	RoundTripP99us    float64 `json:"roundtrip_p99_us"`
+	RawRequestP50us   float64 `json:"raw_request_p50_us"`
+	RawRequestP99us   float64 `json:"raw_request_p99_us"`
+	RoundTripRatio    float64 `json:"roundtrip_ratio_p50"`
+	PipelinedOpsPerS  float64 `json:"pipelined_ops_per_s"`
+	FrameBytes        int     `json:"frame_bytes"`
+	OpsPerFrame       int     `json:"ops_per_frame"`
+	RawPublishFramesS float64 `json:"raw_js_publish_frames_per_s"`
+	RawPublishOpsS    float64 `json:"raw_js_publish_equiv_ops_per_s"`
+	UploadMBs         float64 `json:"upload_64mib_mb_per_s"`
+	ReadMBs           float64 `json:"read_64mib_mb_per_s"`
+}
+
+func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	layout := fs.String("layout", "inproc", "inproc: broker, worker and client in this process; procs: broker, worker and the raw responder as separate processes")
+	rounds := fs.Int("rounds", 2000, "round trips to time")
+	ops := fs.Int("ops", 300000, "ops in the pipelined run")
+	upload := fs.Int("upload-mib", 64, "size of the upload and read-back in MiB (0 skips)")
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	echo := fs.String("serve-echo", "", "internal: serve the raw responder on this URL until stopped")
+	if err := parse(fs, args, stderr); err != nil {
+		return err
+	}
+	if *echo != "" {
+		return serveEcho(ctx, *echo)
+	}
+	progress := func(format string, a ...any) { fmt.Fprintf(stderr, "bench: "+format+"\n", a...) }
+	url, stop, err := benchFabric(ctx, *layout, progress)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	rep := benchReport{Layout: *layout, GoMaxPro: runtime.GOMAXPROCS(0), Machine: fmt.Sprintf("%s/%s, %d CPUs", runtime.GOOS, runtime.GOARCH, runtime.NumCPU())}
+	if *layout == "inproc" {
+		rep.Layout = "all in one process (broker, worker, client; TCP loopback)"
+	} else {
+		rep.Layout = "separate processes (broker, worker, raw responder, client; TCP loopback)"
+	}
+	if err := benchRun(ctx, url, *rounds, *ops, *upload, &rep, progress); err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	fmt.Fprintf(stdout, "layout: %s; %s\n", rep.Layout, rep.Machine)
+	fmt.Fprintf(stdout, "tiny op + read round trip   p50 %8.1f us  p99 %8.1f us\n", rep.RoundTripP50us, rep.RoundTripP99us)
+	fmt.Fprintf(stdout, "raw NATS request/reply 64 B p50 %8.1f us  p99 %8.1f us   (ratio %.2fx)\n", rep.RawRequestP50us, rep.RawRequestP99us, rep.RoundTripRatio)
+	fmt.Fprintf(stdout, "pipelined ops, one session  %10.0f ops/s  (%d ops a frame, %d B frames)\n", rep.PipelinedOpsPerS, rep.OpsPerFrame, rep.FrameBytes)
+	fmt.Fprintf(stdout, "raw JetStream async publish %10.0f frames/s of %d B = %.0f ops/s\n", rep.RawPublishFramesS, rep.FrameBytes, rep.RawPublishOpsS)
+	if *upload > 0 {
+		fmt.Fprintf(stdout, "%d MiB upload %.0f MB/s, read-back %.0f MB/s\n", *upload, rep.UploadMBs, rep.ReadMBs)
+	}
+	return nil
+}
+
+// benchFabric starts the fabric in the chosen layout and returns its URL.
+func benchFabric(ctx context.Context, layout string, progress func(string, ...any)) (string, func(), error) {
+	dir, err := os.MkdirTemp("", "jetfabric-bench-")
+	if err != nil {
+		return "", nil, err
+	}
+	cleanup := []func(){func() { os.RemoveAll(dir) }}
+	stop := func() {
+		for i := len(cleanup) - 1; i >= 0; i-- {
+			cleanup[i]()
+		}
+	}
+	switch layout {
+	case "inproc":
+		bf := brokerFlags{listen: "127.0.0.1:-1", store: dir, name: "jetfabric", maxPayload: 8 << 20, replicas: 1}
+		bcfg, err := bf.brokerConfig()
+		if err != nil {
+			stop()
+			return "", nil, err
+		}
+		b, err := startBroker(ctx, bcfg)
+		if err != nil {
+			stop()
+			return "", nil, err
+		}
+		cleanup = append(cleanup, func() { _ = shutdown(b, nil) })
+		url := b.ClientURL()
+		wcfg, _ := (&workerFlags{cpus: 1, idle: time.Hour}).config(nil)
+		nc, err := nats.Connect(url)
+		if err != nil {
+			stop()
+			return "", nil, err
+		}
+		w, err := newWorker(ctx, nc, wcfg)
+		if err != nil {
+			nc.Close()
+			stop()
+			return "", nil, err
+		}
+		cleanup = append(cleanup, func() { _ = shutdown(nil, w); nc.Close() })
+		echoCtx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- serveEcho(echoCtx, url) }()
+		cleanup = append(cleanup, func() { cancel(); <-done })
+		return url, stop, nil
+	case "procs":
+		exe, err := os.Executable()
+		if err != nil {
+			stop()
+			return "", nil, err
+		}
+		port := 20000 + rand.IntN(20000)
+		url := "nats://127.0.0.1:" + strconv.Itoa(port)
+		start := func(args ...string) error {
+			cmd := exec.Command(exe, args...)
+			cmd.Stderr = os.Stderr
+			if err := cmd.Start(); err != nil {
+				return err
+			}
+			cleanup = append(cleanup, func() { _ = cmd.Process.Signal(os.Interrupt); _ = cmd.Wait() })
+			return nil
+		}
+		if err := start("broker", "--listen", "127.0.0.1:"+strconv.Itoa(port), "--http", "", "--store", dir); err != nil {
+			stop()
+			return "", nil, err
+		}
+		if err := waitConnect(ctx, url); err != nil {
+			stop()
+			return "", nil, err
+		}
+		if err := start("worker", "--url", url, "--idle-timeout", "1h"); err != nil {
+			stop()
+			return "", nil, err
+		}
+		if err := start("bench", "--serve-echo", url); err != nil {
+			stop()
+			return "", nil, err
+		}
+		progress("started broker, worker and raw responder as separate processes on %s", url)
+		return url, stop, nil
+	}
+	stop()
+	return "", nil, fmt.Errorf("-layout %q: want inproc or procs", layout)
+}
+
+func waitConnect(ctx context.Context, url string) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		nc, err := nats.Connect(url)
+		if err == nil {
+			nc.Close()
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("broker at %s did not come up: %w", url, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// serveEcho answers every request on the echo subject with its payload.
+func serveEcho(ctx context.Context, url string) error {
+	nc, err := nats.Connect(url)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	if _, err := nc.Subscribe(subjects.Default().BenchEcho(), func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
+		return err
+	}
+	if err := nc.Flush(); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	return nil
+}
+
+func benchRun(ctx context.Context, url string, rounds, nops, uploadMiB int, rep *benchReport, progress func(string, ...any)) error {
+	c, err := client.Connect(url)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	var s *client.Session
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if s, err = c.Open(ctx, "cpu-0"); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	defer s.Close(ctx)
+
+	// Round trips, ours and raw, interleaved in blocks so drift hits both.
+	progress("round trips: %d each, fabric and raw request/reply", rounds)
+	one := s.Full([]int{1}, 1)
+	if err := s.Sync(ctx); err != nil {
+		return err
+	}
+	nc := c.Conn()
+	payload := make([]byte, 64)
+	ours, raw := make([]time.Duration, 0, rounds), make([]time.Duration, 0, rounds)
+	echo := subjects.Default().BenchEcho()
+	for i := 0; i < rounds+200; i++ {
+		t0 := time.Now()
+		y := one.Add(one)
+		if _, err := y.Float32s(ctx); err != nil {
+			return err
+		}
+		d := time.Since(t0)
+		y.Free()
+		t0 = time.Now()
+		if _, err := nc.Request(echo, payload, 5*time.Second); err != nil {
+			return fmt.Errorf("raw request: %w", err)
+		}
+		if i >= 200 { // warm-up excluded
+			ours, raw = append(ours, d), append(raw, time.Since(t0))
+		}
+	}
+	rep.RoundTripP50us, rep.RoundTripP99us = pct(ours, 50), pct(ours, 99)
+	rep.RawRequestP50us, rep.RawRequestP99us = pct(raw, 50), pct(raw, 99)
+	rep.RoundTripRatio = rep.RoundTripP50us / rep.RawRequestP50us
+
+	// Pipelined ops: a chain of adds, read once at the end.
+	progress("pipelined: %d ops in one session", nops)
+	const opsPerFrame = 4096
+	frame := make([]codec.Op, opsPerFrame)
+	for i := range frame {
+		frame[i] = codec.Op{Op: "add", Out: []uint64{uint64(1000000 + i)}, In: []uint64{uint64(999999 + i), 2}}
+	}
+	fb, _ := codec.Marshal(codec.CBOR, &codec.Frame{V: codec.Version, Ops: frame})
+	rep.FrameBytes, rep.OpsPerFrame = len(fb), opsPerFrame
+	t0 := time.Now()
+	x := s.Full([]int{1}, 0)
+	for range nops {
+		x = x.Add(one)
+	}
+	v, err := x.Float32s(ctx)
+	if err != nil {
+		return err
+	}
+	el := time.Since(t0)
+	if int(v[0]) != nops {
+		return fmt.Errorf("pipelined chain gave %v, want %d", v[0], nops)
+	}
+	rep.PipelinedOpsPerS = float64(nops) / el.Seconds()
+
+	// Raw: JetStream async publish of frames of the same size.
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(256))
+	if err != nil {
+		return err
+	}
+	frames := max(nops/opsPerFrame, 50)
+	t0 = time.Now()
+	for range frames {
+		if _, err := js.PublishAsync("fabric.ops.bench-raw.s", fb); err != nil {
+			return err
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	el = time.Since(t0)
+	rep.RawPublishFramesS = float64(frames) / el.Seconds()
+	rep.RawPublishOpsS = rep.RawPublishFramesS * opsPerFrame
+
+	if uploadMiB > 0 {
+		progress("upload and read-back of %d MiB", uploadMiB)
+		data := make([]byte, uploadMiB<<20)
+		for i := range data {
+			data[i] = byte(i % 251)
+		}
+		t0 = time.Now()
+		t, err := s.Upload(ctx, "u8", []int{len(data)}, data)
+		if err != nil {
+			return err
+		}
+		if err := s.Sync(ctx); err != nil {
+			return err
+		}
+		rep.UploadMBs = float64(len(data)) / 1e6 / time.Since(t0).Seconds()
+		t0 = time.Now()
+		d, err := t.Read(ctx)
+		if err != nil {
+			return err
+		}
+		rep.ReadMBs = float64(len(data)) / 1e6 / time.Since(t0).Seconds()
+		if !slices.Equal(d.Bytes, data) {
+			return fmt.Errorf("read-back differs from the upload")
+		}
+	}
+	return nil
+}
+
+func pct(d []time.Duration, p int) float64 {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return float64(s[(len(s)-1)*p/100].Nanoseconds()) / 1e3
+}

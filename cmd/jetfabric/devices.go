@@ -1,0 +1,60 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/jetfabric/jetfabric/client"
+)
+
+func runDevices(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("devices", flag.ContinueOnError)
+	var cf clientFlags
+	cf.register(fs, envOr("JETFABRIC_URL", nats.DefaultURL))
+	asJSON := fs.Bool("json", false, "print the registry entries as JSON")
+	if err := parse(fs, args, stderr); err != nil {
+		return err
+	}
+	c, err := cf.connect()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	devs, err := c.Devices(ctx)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(devs)
+	}
+	printDevices(stdout, devs, time.Now())
+	return nil
+}
+
+func printDevices(w io.Writer, devs []client.Device, now time.Time) {
+	if len(devs) == 0 {
+		fmt.Fprintf(w, "no devices registered: start a worker (jetfabric worker --url ...)\n")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "DEVICE\tKIND\tBACKEND\tSTATE\tSESSIONS\tAPPLIED\tWORKER\tHEARTBEAT\n")
+	for _, d := range devs {
+		state := d.State
+		if d.State == "serving" && !client.Live(d, now) {
+			state = "lost"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%v ago\n", d.Name, d.Kind, d.Backend, state, d.Sessions, d.Applied, d.Worker, now.Sub(d.Beat).Round(time.Millisecond))
+	}
+	tw.Flush()
+}

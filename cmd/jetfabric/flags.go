@@ -1,0 +1,168 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/jetfabric/jetfabric/broker"
+	"github.com/jetfabric/jetfabric/client"
+	"github.com/jetfabric/jetfabric/kernels/cpu"
+	"github.com/jetfabric/jetfabric/worker"
+)
+
+// brokerFlags are the flags of broker and up.
+type brokerFlags struct {
+	listen, http, store, config, name string
+	maxPayload                        int
+	users                             userList
+	cluster, clusterListen, routes    string
+	replicas                          int
+	logs                              bool
+}
+
+func (f *brokerFlags) register(fs *flag.FlagSet, listen string) {
+	fs.StringVar(&f.listen, "listen", listen, "client listener host:port")
+	fs.StringVar(&f.http, "http", "127.0.0.1:8222", "monitoring listener host:port (/healthz, /varz, /jsz); empty disables")
+	fs.StringVar(&f.store, "store", os.Getenv("JETFABRIC_STORE"), "JetStream store directory (required; env JETFABRIC_STORE)")
+	fs.StringVar(&f.config, "config", "", "nats-server configuration file, read first; flags override it")
+	fs.StringVar(&f.name, "name", "jetfabric", "server name (unique per cluster node)")
+	fs.IntVar(&f.maxPayload, "max-payload", 8<<20, "largest message in bytes")
+	fs.Var(&f.users, "user", "name:password a client must present (repeatable; none: no auth)")
+	fs.StringVar(&f.cluster, "cluster", "", "cluster name; set to join a JetStream cluster")
+	fs.StringVar(&f.clusterListen, "cluster-listen", "0.0.0.0:6222", "route listener host:port, with -cluster")
+	fs.StringVar(&f.routes, "routes", "", "comma-separated nats://host:port of every cluster node, with -cluster")
+	fs.IntVar(&f.replicas, "replicas", 1, "replicas of the stream and buckets (3 in a cluster)")
+	fs.BoolVar(&f.logs, "logs", false, "print the NATS server's own log")
+}
+
+func (f *brokerFlags) brokerConfig() (broker.Config, error) {
+	cfg := broker.DefaultConfig()
+	var err error
+	if cfg.Host, cfg.Port, err = hostPort(f.listen); err != nil {
+		return cfg, fmt.Errorf("-listen: %w", err)
+	}
+	if f.http == "" {
+		cfg.HTTPPort = 0
+	} else if cfg.HTTPHost, cfg.HTTPPort, err = hostPort(f.http); err != nil {
+		return cfg, fmt.Errorf("-http: %w", err)
+	}
+	cfg.StoreDir, cfg.ConfigFile, cfg.Name = f.store, f.config, f.name
+	cfg.MaxPayload = int32(f.maxPayload)
+	cfg.Users = f.users
+	cfg.Logs = f.logs
+	cfg.Provision.Replicas = f.replicas
+	if cfg.Provision.OpsMaxMsgSize > cfg.MaxPayload {
+		cfg.Provision.OpsMaxMsgSize = cfg.MaxPayload
+	}
+	if f.cluster != "" {
+		cfg.Cluster.Name = f.cluster
+		if cfg.Cluster.Host, cfg.Cluster.Port, err = hostPort(f.clusterListen); err != nil {
+			return cfg, fmt.Errorf("-cluster-listen: %w", err)
+		}
+		if f.routes != "" {
+			cfg.Cluster.Routes = strings.Split(f.routes, ",")
+		}
+	}
+	return cfg, cfg.Validate()
+}
+
+func hostPort(s string) (string, int, error) {
+	h, p, err := net.SplitHostPort(s)
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil {
+		return "", 0, fmt.Errorf("port %q: %w", p, err)
+	}
+	return h, port, nil
+}
+
+type userList []broker.User
+
+func (u *userList) String() string { return fmt.Sprint(len(*u), " users") }
+func (u *userList) Set(s string) error {
+	name, pass, ok := strings.Cut(s, ":")
+	if !ok || name == "" || pass == "" {
+		return fmt.Errorf("want name:password")
+	}
+	*u = append(*u, broker.User{Name: name, Password: pass})
+	return nil
+}
+
+// workerFlags are the flags of worker and up.
+type workerFlags struct {
+	cpus    int
+	devices string
+	idle    time.Duration
+	id      string
+}
+
+func (f *workerFlags) register(fs *flag.FlagSet) {
+	fs.IntVar(&f.cpus, "cpus", 1, "number of CPU devices to serve (cpu-0 ...), when -devices is empty")
+	fs.StringVar(&f.devices, "devices", "", "comma-separated device names to serve, e.g. cpu-0,cpu-1")
+	fs.DurationVar(&f.idle, "idle-timeout", 10*time.Minute, "free a session idle this long (0: never)")
+	fs.StringVar(&f.id, "id", "", "worker id in the registry (default host-pid)")
+}
+
+func (f *workerFlags) config(logf func(string, ...any)) (worker.Config, error) {
+	cfg := worker.DefaultConfig()
+	if f.id != "" {
+		cfg.ID = f.id
+	}
+	cfg.IdleTimeout = f.idle
+	cfg.Logf = logf
+	var names []string
+	if f.devices != "" {
+		names = strings.Split(f.devices, ",")
+	} else {
+		if f.cpus < 1 {
+			return cfg, fmt.Errorf("-cpus %d: want at least 1", f.cpus)
+		}
+		for i := range f.cpus {
+			names = append(names, fmt.Sprintf("cpu-%d", i))
+		}
+	}
+	for _, n := range names {
+		cfg.Devices = append(cfg.Devices, worker.Device{Name: n, Kind: "cpu", Backend: cpu.New(), Cores: cpuCores()})
+	}
+	return cfg, cfg.Validate()
+}
+
+// clientFlags are the flags of commands that talk to a fabric.
+type clientFlags struct {
+	url      string
+	user     string
+	password string
+}
+
+func (f *clientFlags) register(fs *flag.FlagSet, def string) {
+	fs.StringVar(&f.url, "url", def, "NATS URL of the fabric (env JETFABRIC_URL)")
+	fs.StringVar(&f.user, "user", os.Getenv("JETFABRIC_USER"), "user name (env JETFABRIC_USER)")
+	fs.StringVar(&f.password, "password", os.Getenv("JETFABRIC_PASSWORD"), "password (env JETFABRIC_PASSWORD)")
+}
+
+func (f *clientFlags) natsOptions() []nats.Option {
+	if f.user == "" {
+		return nil
+	}
+	return []nats.Option{nats.UserInfo(f.user, f.password)}
+}
+
+func (f *clientFlags) connect() (*client.Client, error) {
+	return client.Connect(f.url, client.WithNATSOptions(f.natsOptions()...))
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}

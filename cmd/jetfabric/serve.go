@@ -1,0 +1,204 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"runtime"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/jetfabric/jetfabric/broker"
+	"github.com/jetfabric/jetfabric/worker"
+)
+
+func cpuCores() int { return runtime.GOMAXPROCS(0) }
+
+func logger(w io.Writer, prefix string) func(string, ...any) {
+	return func(format string, args ...any) {
+		fmt.Fprintf(w, "%s %s"+format+"\n", append([]any{time.Now().Format("15:04:05.000"), prefix}, args...)...)
+	}
+}
+
+func runBroker(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("broker", flag.ContinueOnError)
+	var bf brokerFlags
+	bf.register(fs, "127.0.0.1:4222")
+	if err := parse(fs, args, stderr); err != nil {
+		return err
+	}
+	cfg, err := bf.brokerConfig()
+	if err != nil {
+		return err
+	}
+	b, err := startBroker(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "jetfabric broker ready: clients %s, monitoring %s, store %s\n", b.ClientURL(), b.MonitorURL(), cfg.StoreDir)
+	<-ctx.Done()
+	fmt.Fprintf(stdout, "jetfabric broker: shutting down\n")
+	return shutdown(b, nil)
+}
+
+func startBroker(ctx context.Context, cfg broker.Config) (*broker.Broker, error) {
+	b, err := broker.New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.Start(ctx); err != nil {
+		_ = b.Shutdown(context.Background())
+		return nil, err
+	}
+	return b, nil
+}
+
+func shutdown(b *broker.Broker, w *worker.Worker) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var err error
+	if w != nil {
+		err = w.Stop(ctx)
+	}
+	if b != nil {
+		if e := b.Shutdown(ctx); err == nil {
+			err = e
+		}
+	}
+	return err
+}
+
+func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
+	var cf clientFlags
+	var wf workerFlags
+	cf.register(fs, envOr("JETFABRIC_URL", nats.DefaultURL))
+	wf.register(fs)
+	if err := parse(fs, args, stderr); err != nil {
+		return err
+	}
+	cfg, err := wf.config(logger(stderr, "worker: "))
+	if err != nil {
+		return err
+	}
+	nc, err := nats.Connect(cf.url, append(cf.natsOptions(), nats.Name("jetfabric-worker "+cfg.ID), nats.MaxReconnects(-1))...)
+	if err != nil {
+		return fmt.Errorf("connect %s: %w", cf.url, err)
+	}
+	defer nc.Close()
+	w, err := newWorker(ctx, nc, cfg)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "jetfabric worker %s serving %v on %s\n", cfg.ID, w.Devices(), cf.url)
+	<-ctx.Done()
+	fmt.Fprintf(stdout, "jetfabric worker: stopping\n")
+	return shutdown(nil, w)
+}
+
+func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("up", flag.ContinueOnError)
+	var bf brokerFlags
+	var wf workerFlags
+	bf.register(fs, "127.0.0.1:4222")
+	wf.register(fs)
+	if err := parse(fs, args, stderr); err != nil {
+		return err
+	}
+	f, err := startFabric(ctx, bf, wf, stderr)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "jetfabric up: clients %s, monitoring %s, devices %v\n", f.b.ClientURL(), f.b.MonitorURL(), f.w.Devices())
+	<-ctx.Done()
+	fmt.Fprintf(stdout, "jetfabric up: shutting down\n")
+	return f.close()
+}
+
+// fabric is a broker and a worker in this process.
+type fabric struct {
+	b  *broker.Broker
+	nc *nats.Conn
+	w  *worker.Worker
+}
+
+func startFabric(ctx context.Context, bf brokerFlags, wf workerFlags, logw io.Writer) (*fabric, error) {
+	bcfg, err := bf.brokerConfig()
+	if err != nil {
+		return nil, err
+	}
+	wcfg, err := wf.config(logger(logw, "worker: "))
+	if err != nil {
+		return nil, err
+	}
+	b, err := startBroker(ctx, bcfg)
+	if err != nil {
+		return nil, err
+	}
+	nc, err := b.Connect(nats.Name("jetfabric-worker " + wcfg.ID))
+	if err != nil {
+		_ = shutdown(b, nil)
+		return nil, err
+	}
+	w, err := newWorker(ctx, nc, wcfg)
+	if err != nil {
+		nc.Close()
+		_ = shutdown(b, nil)
+		return nil, err
+	}
+	return &fabric{b: b, nc: nc, w: w}, nil
+}
+
+func (f *fabric) close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := f.w.Stop(ctx)
+	f.nc.Close()
+	if e := f.b.Shutdown(ctx); err == nil {
+		err = e
+	}
+	return err
+}
+
+func runHealthcheck(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("healthcheck", flag.ContinueOnError)
+	addr := fs.String("http", "127.0.0.1:8222", "the broker's monitoring host:port")
+	if err := parse(fs, args, stderr); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+*addr+"/healthz?js-enabled-only=true", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("unhealthy: %s %s", resp.Status, body)
+	}
+	fmt.Fprintf(stdout, "%s", body)
+	return nil
+}
+
+// newWorker builds and starts a worker, waiting up to a minute for the
+// fabric to be provisioned.
+func newWorker(ctx context.Context, nc *nats.Conn, cfg worker.Config) (*worker.Worker, error) {
+	w, err := worker.New(nc, cfg)
+	if err != nil {
+		return nil, err
+	}
+	sctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := w.Start(sctx); err != nil {
+		return nil, err
+	}
+	return w, nil
+}

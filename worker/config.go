@@ -1,0 +1,117 @@
+package worker
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/jetfabric/jetfabric/kernels"
+	"github.com/jetfabric/jetfabric/subjects"
+)
+
+// ErrInvalidConfig wraps every configuration error.
+var ErrInvalidConfig = errors.New("worker: invalid config")
+
+// Limits protect a worker from what clients send.
+type Limits struct {
+	// Tensor bounds rank and elements of every tensor.
+	Tensor kernels.Limits
+	// MaxSessions is the most live sessions on one device.
+	MaxSessions int
+	// MaxSessionBytes bounds the tensor memory of one session.
+	MaxSessionBytes int64
+	// InlineBytes is the largest read result sent in the reply itself;
+	// larger ones go through the object store.
+	InlineBytes int
+}
+
+// DefaultLimits: rank 8, 2^30 elements, 1024 sessions a device, 16 GiB a
+// session, results up to 4 MiB inline.
+func DefaultLimits() Limits {
+	return Limits{
+		Tensor:          kernels.DefaultLimits(),
+		MaxSessions:     1024,
+		MaxSessionBytes: 16 << 30,
+		InlineBytes:     4 << 20,
+	}
+}
+
+// Device is one device the worker serves.
+type Device struct {
+	// Name is the logical slot, e.g. cpu-0.
+	Name string
+	// Kind is "cpu" or "gpu".
+	Kind string
+	// Backend computes for the device. The worker closes it on Stop if
+	// it has a Close() error method.
+	Backend kernels.Backend
+	// Props are shown in the registry (model, memory, ...).
+	Props map[string]string
+	// Memory is the device memory in bytes, if known.
+	Memory int64
+	// Cores is the number of cores, if it is a CPU.
+	Cores int
+}
+
+// Config is a worker's assembled configuration.
+type Config struct {
+	// ID names this worker in the registry; default host-pid.
+	ID string
+	// Prefix names the subjects and buckets (default "fabric").
+	Prefix string
+	// Devices the worker serves; at least one.
+	Devices []Device
+	// Limits on client input.
+	Limits Limits
+	// IdleTimeout frees a session with no frames for this long (0: never).
+	IdleTimeout time.Duration
+	// Heartbeat is how often the registry entry is refreshed.
+	Heartbeat time.Duration
+	// Logf receives operational messages (nil: none).
+	Logf func(format string, args ...any)
+}
+
+// DefaultConfig has no devices; add them.
+func DefaultConfig() Config {
+	host, _ := os.Hostname()
+	return Config{
+		ID:          fmt.Sprintf("%s-%d", host, os.Getpid()),
+		Prefix:      subjects.DefaultPrefix,
+		Limits:      DefaultLimits(),
+		IdleTimeout: 10 * time.Minute,
+		Heartbeat:   2 * time.Second,
+	}
+}
+
+// Validate reports the first problem with c.
+func (c Config) Validate() error {
+	if _, err := subjects.New(c.Prefix); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+	}
+	if len(c.Devices) == 0 {
+		return fmt.Errorf("%w: no devices", ErrInvalidConfig)
+	}
+	seen := map[string]bool{}
+	for _, d := range c.Devices {
+		if err := subjects.ValidateDevice(d.Name); err != nil {
+			return fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+		}
+		if seen[d.Name] {
+			return fmt.Errorf("%w: device %s listed twice", ErrInvalidConfig, d.Name)
+		}
+		seen[d.Name] = true
+		if d.Backend == nil {
+			return fmt.Errorf("%w: device %s has no backend", ErrInvalidConfig, d.Name)
+		}
+	}
+	switch {
+	case c.Heartbeat <= 0:
+		return fmt.Errorf("%w: heartbeat %v", ErrInvalidConfig, c.Heartbeat)
+	case c.IdleTimeout < 0:
+		return fmt.Errorf("%w: idle timeout %v", ErrInvalidConfig, c.IdleTimeout)
+	case c.Limits.MaxSessions <= 0 || c.Limits.MaxSessionBytes <= 0 || c.Limits.InlineBytes <= 0:
+		return fmt.Errorf("%w: limits must be positive: %+v", ErrInvalidConfig, c.Limits)
+	}
+	return nil
+}

@@ -1,0 +1,23 @@
+// Package worker owns devices and executes their op streams.
+//
+// A Worker claims one or more devices (cpu-0, gpu-0, ...), registers each in
+// the FABRIC_CTRL bucket with its properties and a heartbeat, and runs one
+// goroutine per device that consumes the device's frames from FABRIC_OPS
+// with an ordered consumer, in stream order. Frame order is execution order.
+//
+// Each session (the last token of the op subject) has its own tensor table:
+// ids are minted by the client, and a session can only name its own
+// tensors. A failed op marks the ids it would have produced as failed; a
+// later use reports the first cause. Errors are collected per session and
+// returned on the session's next read or sync. Nothing that arrives over the
+// wire panics the worker: a bad frame becomes an error result and the
+// worker goes on serving every other session.
+//
+// Reads and syncs are answered on core NATS, on the subject in the frame's
+// Fabric-Reply header, in the frame's encoding. Results larger than the
+// inline limit go through the FABRIC_XFER object store.
+//
+// Sessions are freed when the client closes them or when they have been
+// idle past Config.IdleTimeout. Stop ends every device loop, marks the
+// devices stopped in the registry and waits for its goroutines.
+package worker

@@ -1,0 +1,417 @@
+package worker
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jetfabric/jetfabric/codec"
+	"github.com/jetfabric/jetfabric/kernels"
+)
+
+// Ops the worker handles itself; everything else goes to the backend.
+const (
+	opUpload = "upload"
+	opRead   = "read"
+	opSync   = "sync"
+	opFree   = "free"
+	opSeed   = "seed"
+	opClose  = "close"
+)
+
+// exec runs the ops of one frame for one session.
+type exec struct {
+	d     *device
+	s     *session
+	seq   uint64
+	reply string
+	enc   codec.Encoding
+}
+
+// opError is an op failure with its wire code.
+type opError struct {
+	code string
+	msg  string
+}
+
+func (e *opError) Error() string { return e.msg }
+
+func failf(code, format string, args ...any) *opError {
+	return &opError{code: code, msg: fmt.Sprintf(format, args...)}
+}
+
+// op runs op i of the frame. It reports whether the session was closed.
+func (x *exec) op(i int, op *codec.Op) (closed bool) {
+	var err error
+	switch op.Op {
+	case opUpload:
+		err = x.upload(op)
+	case opRead:
+		x.read(i, op)
+	case opSync:
+		x.sync(i, op)
+	case opFree:
+		for _, id := range op.In {
+			x.s.free(x.d.cfg.Backend, id)
+		}
+	case opSeed:
+		x.s.seed = op.Seed
+	case opClose:
+		x.s.freeAll(x.d.cfg.Backend)
+		if op.Tag != 0 {
+			x.sync(i, op)
+		}
+		return true
+	default:
+		err = x.compute(op)
+	}
+	if err != nil {
+		x.failed(i, op, err)
+	}
+	return false
+}
+
+// failed records err for op i and marks its outputs failed.
+func (x *exec) failed(i int, op *codec.Op, err error) {
+	e := codec.Error{Seq: x.seq, Index: i, Op: op.Op, Code: codeOf(err), Message: err.Error()}
+	var fe *failedInput
+	if errors.As(err, &fe) {
+		// Report the first cause on the ids this op would have made; the
+		// cause itself was reported already.
+		for _, id := range op.Out {
+			if _, taken := x.s.tensors[id]; !taken {
+				x.s.tensors[id] = entry{fail: fe.cause}
+			}
+		}
+		return
+	}
+	x.s.pending = append(x.s.pending, e)
+	for _, id := range op.Out {
+		if _, taken := x.s.tensors[id]; !taken {
+			x.s.tensors[id] = entry{fail: &e}
+		}
+	}
+}
+
+type failedInput struct{ cause *codec.Error }
+
+func (f *failedInput) Error() string { return "input failed earlier: " + f.cause.Error() }
+
+func codeOf(err error) string {
+	var oe *opError
+	switch {
+	case errors.As(err, &oe):
+		return oe.code
+	case errors.Is(err, kernels.ErrUnknownOp):
+		return codec.CodeUnknownOp
+	case errors.Is(err, kernels.ErrArity):
+		return codec.CodeArity
+	case errors.Is(err, kernels.ErrShape):
+		return codec.CodeShape
+	case errors.Is(err, kernels.ErrDType):
+		return codec.CodeDType
+	case errors.Is(err, kernels.ErrAttr):
+		return codec.CodeAttr
+	case errors.Is(err, kernels.ErrTooLarge):
+		return codec.CodeTooLarge
+	case errors.Is(err, kernels.ErrOutOfMemory):
+		return codec.CodeLimit
+	}
+	var fe *failedInput
+	if errors.As(err, &fe) {
+		return codec.CodeFailedID
+	}
+	return codec.CodeInternal
+}
+
+// input resolves a tensor id.
+func (x *exec) input(id uint64) (*kernels.Tensor, error) {
+	e, ok := x.s.tensors[id]
+	switch {
+	case !ok:
+		return nil, failf(codec.CodeUnknownID, "tensor %d does not exist in this session (never created, or freed)", id)
+	case e.fail != nil:
+		return nil, &failedInput{cause: e.fail}
+	}
+	return e.t, nil
+}
+
+// alloc makes an output tensor, charged to the session.
+func (x *exec) alloc(m kernels.Meta) (*kernels.Tensor, error) {
+	n := m.Bytes()
+	if x.s.bytes+int64(n) > x.d.w.cfg.Limits.MaxSessionBytes {
+		return nil, failf(codec.CodeLimit, "session memory limit: %d bytes in use, %d more asked, limit %d", x.s.bytes, n, x.d.w.cfg.Limits.MaxSessionBytes)
+	}
+	buf, err := x.d.cfg.Backend.Alloc(n)
+	if err != nil {
+		return nil, err
+	}
+	x.s.bytes += int64(buf.Bytes())
+	return &kernels.Tensor{Meta: m, Buf: buf}, nil
+}
+
+// claim checks that op's output ids are fresh.
+func (x *exec) claim(op *codec.Op, n int) error {
+	if len(op.Out) != n {
+		return failf(codec.CodeArity, "%s produces %d tensors, %d output ids given", op.Op, n, len(op.Out))
+	}
+	for _, id := range op.Out {
+		if id == 0 {
+			return failf(codec.CodeAttr, "output id 0 is reserved")
+		}
+		if _, taken := x.s.tensors[id]; taken {
+			return failf(codec.CodeDuplicate, "output id %d is already in use in this session", id)
+		}
+	}
+	return nil
+}
+
+func (x *exec) compute(op *codec.Op) error {
+	if !kernels.Known(op.Op) {
+		return fmt.Errorf("%w %q", kernels.ErrUnknownOp, op.Op)
+	}
+	in := make([]*kernels.Tensor, len(op.In))
+	metas := make([]kernels.Meta, len(op.In))
+	for j, id := range op.In {
+		t, err := x.input(id)
+		if err != nil {
+			return err
+		}
+		in[j], metas[j] = t, t.Meta
+	}
+	kop, err := kernelOp(op)
+	if err != nil {
+		return err
+	}
+	if len(op.Out) > 0 {
+		kop.Key = op.Out[0]
+	}
+	kop.Seed = x.s.seed
+	outMetas, err := kernels.Infer(kop, metas, x.d.w.cfg.Limits.Tensor)
+	if err != nil {
+		return err
+	}
+	if err := x.claim(op, len(outMetas)); err != nil {
+		return err
+	}
+	out := make([]*kernels.Tensor, len(outMetas))
+	for j, m := range outMetas {
+		if out[j], err = x.alloc(m); err != nil {
+			x.release(out[:j])
+			return err
+		}
+	}
+	if err := x.d.cfg.Backend.Exec(kop, in, out); err != nil {
+		x.release(out)
+		return err
+	}
+	for j, id := range op.Out {
+		x.s.tensors[id] = entry{t: out[j]}
+	}
+	return nil
+}
+
+func (x *exec) release(ts []*kernels.Tensor) {
+	for _, t := range ts {
+		x.s.bytes -= int64(t.Buf.Bytes())
+		x.d.cfg.Backend.Free(t.Buf)
+	}
+}
+
+// kernelOp translates a wire op to a kernels op.
+func kernelOp(op *codec.Op) (*kernels.Op, error) {
+	k := &kernels.Op{
+		Name: op.Op, Shape: op.Shape, Axes: op.Axes, Keepdims: op.Keepdims, Perm: op.Perm,
+		Value: op.Value, Start: op.Start, Stop: op.Stop, Step: op.Step,
+		Low: op.Low, High: op.High, Mean: op.Mean, Std: op.Std,
+	}
+	if op.DType != "" {
+		dt, err := kernels.ParseDType(op.DType)
+		if err != nil {
+			return nil, err
+		}
+		k.DType = dt
+	}
+	switch op.Op {
+	case kernels.OpArange:
+		if k.Step == 0 {
+			k.Step = 1
+		}
+	case kernels.OpUniform:
+		if k.Low == 0 && k.High == 0 {
+			k.High = 1
+		}
+	case kernels.OpNormal:
+		if k.Std == 0 && k.Mean == 0 {
+			k.Std = 1
+		}
+	}
+	return k, nil
+}
+
+func (x *exec) upload(op *codec.Op) error {
+	if err := x.claim(op, 1); err != nil {
+		return err
+	}
+	dt, err := kernels.ParseDType(op.DType)
+	if err != nil {
+		return err
+	}
+	if err := kernels.CheckShape(op.Shape, x.d.w.cfg.Limits.Tensor); err != nil {
+		return err
+	}
+	m := kernels.Meta{DType: dt, Shape: op.Shape}
+	data := op.Data
+	switch {
+	case op.Object != "":
+		if data, err = x.fetch(op.Object, m.Bytes()); err != nil {
+			return err
+		}
+	case data == nil && op.Values != nil:
+		if data, err = kernels.EncodeValues(dt, op.Values); err != nil {
+			return err
+		}
+	}
+	if len(data) != m.Bytes() {
+		return failf(codec.CodeShape, "upload of %v %v needs %d bytes, got %d", dt, op.Shape, m.Bytes(), len(data))
+	}
+	t, err := x.alloc(m)
+	if err != nil {
+		return err
+	}
+	if err := x.d.cfg.Backend.Upload(t.Buf, data); err != nil {
+		x.release([]*kernels.Tensor{t})
+		return err
+	}
+	x.s.tensors[op.Out[0]] = entry{t: t}
+	return nil
+}
+
+// fetch reads an upload's bytes from the object store.
+func (x *exec) fetch(name string, size int) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	info, err := x.d.w.xfer.Stat(ctx, name)
+	if err != nil {
+		return nil, failf(codec.CodeUnavailabe, "upload object %q: %v", name, err)
+	}
+	if info.Size != int64(size) {
+		return nil, failf(codec.CodeShape, "upload object %q holds %d bytes, the tensor needs %d", name, info.Size, size)
+	}
+	buf := make([]byte, size)
+	if _, err := x.d.w.xfer.GetInto(ctx, name, buf); err != nil {
+		return nil, failf(codec.CodeUnavailabe, "upload object %q: %v", name, err)
+	}
+	return buf, nil
+}
+
+func (x *exec) answer(i int, op *codec.Op, r *codec.Result) {
+	if x.reply == "" {
+		x.s.pending = append(x.s.pending, codec.Error{Seq: x.seq, Index: i, Op: op.Op, Code: codec.CodeAttr,
+			Message: "a " + op.Op + " needs a Fabric-Reply header to answer on"})
+		return
+	}
+	r.V, r.Tag, r.Seq, r.Index = codec.Version, op.Tag, x.seq, i
+	x.d.reply(x.reply, x.enc, r)
+}
+
+func (x *exec) sync(i int, op *codec.Op) {
+	r := &codec.Result{}
+	if err := x.d.cfg.Backend.Sync(); err != nil {
+		x.s.pending = append(x.s.pending, codec.Error{Seq: x.seq, Index: i, Op: op.Op, Code: codec.CodeInternal, Message: err.Error()})
+	}
+	r.Errors = x.s.takeErrors(nil)
+	x.answer(i, op, r)
+}
+
+func (x *exec) read(i int, op *codec.Op) {
+	r := &codec.Result{}
+	if len(op.In) != 1 {
+		x.s.pending = append(x.s.pending, codec.Error{Seq: x.seq, Index: i, Op: op.Op, Code: codec.CodeArity,
+			Message: fmt.Sprintf("read takes 1 tensor, got %d", len(op.In))})
+		r.Errors = x.s.takeErrors(nil)
+		x.answer(i, op, r)
+		return
+	}
+	t, err := x.input(op.In[0])
+	if err != nil {
+		var fe *failedInput
+		var cause *codec.Error
+		if errors.As(err, &fe) {
+			cause = fe.cause
+		} else {
+			cause = &codec.Error{Seq: x.seq, Index: i, Op: op.Op, Code: codeOf(err), Message: err.Error()}
+		}
+		r.Errors = x.s.takeErrors(cause)
+		x.answer(i, op, r)
+		return
+	}
+	if r.Tensor, err = x.tensorData(t); err != nil {
+		x.s.pending = append(x.s.pending, codec.Error{Seq: x.seq, Index: i, Op: op.Op, Code: codeOf(err), Message: err.Error()})
+	}
+	r.Errors = x.s.takeErrors(nil)
+	x.answer(i, op, r)
+}
+
+// tensorData downloads t, inline or through the object store.
+func (x *exec) tensorData(t *kernels.Tensor) (*codec.Tensor, error) {
+	data := make([]byte, t.Bytes())
+	if err := x.d.cfg.Backend.Download(data, t.Buf); err != nil {
+		return nil, err
+	}
+	td := &codec.Tensor{DType: t.DType.String(), Shape: t.Shape}
+	if td.Shape == nil {
+		td.Shape = []int{}
+	}
+	if len(data) <= x.d.w.cfg.Limits.InlineBytes {
+		td.Data = data
+		if x.enc == codec.JSON {
+			td.Values = finiteValues(t.DType, data)
+		}
+		return td, nil
+	}
+	name := "result-" + randomID()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	info, err := x.d.w.xfer.Put(ctx, name, data, map[string]string{"dtype": td.DType, "shape": shapeString(t.Shape)})
+	if err != nil {
+		return nil, failf(codec.CodeUnavailabe, "store result: %v", err)
+	}
+	td.Object, td.SHA256 = info.Name, info.SHA256
+	return td, nil
+}
+
+// finiteValues returns the elements as numbers if all are finite (JSON
+// cannot carry NaN or Inf), else nil.
+func finiteValues(dt kernels.DType, data []byte) []float64 {
+	v, err := kernels.DecodeValues(dt, data)
+	if err != nil {
+		return nil
+	}
+	for _, f := range v {
+		if math.IsNaN(f) || math.IsInf(f, 0) {
+			return nil
+		}
+	}
+	return v
+}
+
+func shapeString(shape []int) string {
+	parts := make([]string, len(shape))
+	for i, d := range shape {
+		parts[i] = strconv.Itoa(d)
+	}
+	return strings.Join(parts, ",")
+}
+
+func randomID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

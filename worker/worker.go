@@ -1,0 +1,186 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetfabric/jetfabric/codec"
+	"github.com/jetfabric/jetfabric/objectstore"
+	"github.com/jetfabric/jetfabric/subjects"
+)
+
+// Worker serves its devices until Stop.
+type Worker struct {
+	cfg   Config
+	names subjects.Names
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	ctrl  jetstream.KeyValue
+	xfer  *objectstore.Store
+
+	devices []*device
+
+	stopOnce sync.Once
+	stop     chan struct{}
+	wg       sync.WaitGroup
+}
+
+// New checks cfg and prepares a worker on nc; Start runs it. The worker does
+// not own nc: the caller closes it after Stop.
+func New(nc *nats.Conn, cfg Config) (*Worker, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	names, _ := subjects.New(cfg.Prefix)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	w := &Worker{cfg: cfg, names: names, nc: nc, js: js, stop: make(chan struct{})}
+	for _, d := range cfg.Devices {
+		w.devices = append(w.devices, newDevice(w, d))
+	}
+	return w, nil
+}
+
+// Start waits for the fabric's stream and buckets, registers every device
+// and starts their loops. It returns once every device consumes its ops.
+func (w *Worker) Start(ctx context.Context) error {
+	if err := waitProvisioned(ctx, w.js, w.names); err != nil {
+		return err
+	}
+	var err error
+	if w.ctrl, err = w.js.KeyValue(ctx, w.names.CtrlBucket()); err != nil {
+		return fmt.Errorf("worker: bucket %s: %w", w.names.CtrlBucket(), err)
+	}
+	if w.xfer, err = objectstore.New(w.js, w.names.XferBucket()); err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	for _, d := range w.devices {
+		if err := d.start(ctx); err != nil {
+			w.Stop(context.Background())
+			return err
+		}
+	}
+	for _, d := range w.devices {
+		w.wg.Go(d.run)
+	}
+	w.wg.Go(w.heartbeat)
+	return nil
+}
+
+// waitProvisioned polls until the ops stream and both buckets exist.
+func waitProvisioned(ctx context.Context, js jetstream.JetStream, names subjects.Names) error {
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := js.Stream(cctx, names.OpsStream())
+		if err == nil {
+			_, err = js.KeyValue(cctx, names.CtrlBucket())
+		}
+		if err == nil {
+			_, err = js.ObjectStore(cctx, names.XferBucket())
+		}
+		cancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("worker: fabric not provisioned (is the broker up?): %w (last: %v)", ctx.Err(), err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// Stop ends every device loop, marks the devices stopped in the registry
+// and waits for the worker's goroutines, or for ctx. Safe to call twice.
+func (w *Worker) Stop(ctx context.Context) error {
+	w.stopOnce.Do(func() {
+		close(w.stop)
+		for _, d := range w.devices {
+			d.halt()
+		}
+	})
+	done := make(chan struct{})
+	go func() { w.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return fmt.Errorf("worker: stop: %w", ctx.Err())
+	}
+	var errs []error
+	for _, d := range w.devices {
+		if w.ctrl != nil {
+			errs = append(errs, w.register(ctx, d, "stopped"))
+		}
+		d.close()
+	}
+	return errors.Join(errs...)
+}
+
+// Devices lists the names of the devices this worker serves.
+func (w *Worker) Devices() []string {
+	names := make([]string, len(w.devices))
+	for i, d := range w.devices {
+		names[i] = d.cfg.Name
+	}
+	return names
+}
+
+func (w *Worker) heartbeat() {
+	t := time.NewTicker(w.cfg.Heartbeat)
+	defer t.Stop()
+	for {
+		for _, d := range w.devices {
+			ctx, cancel := context.WithTimeout(context.Background(), w.cfg.Heartbeat)
+			if err := w.register(ctx, d, "serving"); err != nil {
+				w.logf("worker: heartbeat %s: %v", d.cfg.Name, err)
+			}
+			cancel()
+		}
+		select {
+		case <-w.stop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (w *Worker) register(ctx context.Context, d *device, state string) error {
+	entry := codec.Device{
+		Name:     d.cfg.Name,
+		Kind:     d.cfg.Kind,
+		Backend:  d.cfg.Backend.Name(),
+		Worker:   w.cfg.ID,
+		Host:     hostname(),
+		Cores:    d.cfg.Cores,
+		Memory:   d.cfg.Memory,
+		Props:    d.cfg.Props,
+		Started:  d.started,
+		Beat:     time.Now().UTC(),
+		Sessions: int(d.sessionCount.Load()),
+		Applied:  d.applied.Load(),
+		State:    state,
+	}
+	b, err := json.Marshal(entry)
+	if err != nil {
+		return err
+	}
+	if _, err := w.ctrl.Put(ctx, subjects.DeviceKey(d.cfg.Name), b); err != nil {
+		return fmt.Errorf("worker: register %s: %w", d.cfg.Name, err)
+	}
+	return nil
+}
+
+func (w *Worker) logf(format string, args ...any) {
+	if w.cfg.Logf != nil {
+		w.cfg.Logf(format, args...)
+	}
+}

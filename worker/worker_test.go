@@ -1,0 +1,358 @@
+package worker_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetfabric/jetfabric/broker"
+	"github.com/jetfabric/jetfabric/broker/brokertest"
+	"github.com/jetfabric/jetfabric/codec"
+	"github.com/jetfabric/jetfabric/kernels/cpu"
+	"github.com/jetfabric/jetfabric/subjects"
+	"github.com/jetfabric/jetfabric/worker"
+)
+
+// startWorker runs a worker serving cpu-0 against b.
+func startWorker(t testing.TB, b *broker.Broker, edit ...func(*worker.Config)) *worker.Worker {
+	t.Helper()
+	nc, err := nats.Connect(b.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := worker.DefaultConfig()
+	cfg.Heartbeat = 100 * time.Millisecond
+	cfg.Devices = []worker.Device{{Name: "cpu-0", Kind: "cpu", Backend: cpu.New()}}
+	cfg.Logf = t.Logf
+	for _, e := range edit {
+		e(&cfg)
+	}
+	w, err := worker.New(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := w.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := w.Stop(context.Background()); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+		nc.Close()
+	})
+	return w
+}
+
+// rawSession speaks the wire protocol directly, as any NATS client would.
+type rawSession struct {
+	t       testing.TB
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	subject string
+	inbox   *nats.Subscription
+}
+
+func newRaw(t testing.TB, b *broker.Broker, subject string) *rawSession {
+	t.Helper()
+	nc, err := nats.Connect(b.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	sub, err := nc.SubscribeSync(nats.NewInbox())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &rawSession{t: t, nc: nc, js: js, subject: subject, inbox: sub}
+}
+
+// send publishes body with the given content type and returns the
+// publish error.
+func (r *rawSession) send(contentType string, body []byte) error {
+	m := nats.NewMsg(r.subject)
+	m.Data = body
+	m.Header.Set(subjects.HeaderReply, r.inbox.Subject)
+	if contentType != "" {
+		m.Header.Set(subjects.HeaderContentType, contentType)
+	}
+	_, err := r.js.PublishMsg(context.Background(), m)
+	return err
+}
+
+func (r *rawSession) sendJSON(body string) {
+	r.t.Helper()
+	if err := r.send("application/json", []byte(body)); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+func (r *rawSession) result() codec.Result {
+	r.t.Helper()
+	m, err := r.inbox.NextMsg(5 * time.Second)
+	if err != nil {
+		r.t.Fatalf("no reply: %v", err)
+	}
+	enc, _ := codec.EncodingOf(m.Header.Get(subjects.HeaderContentType))
+	var res codec.Result
+	if err := codec.Unmarshal(enc, m.Data, &res); err != nil {
+		r.t.Fatal(err)
+	}
+	return res
+}
+
+func TestJSONFrames(t *testing.T) {
+	b := brokertest.Run(t)
+	startWorker(t, b)
+	r := newRaw(t, b, "fabric.ops.cpu-0.json1")
+	r.sendJSON(`{"v":1,"ops":[
+		{"op":"upload","out":[1],"dtype":"f32","shape":[2,2],"values":[1,2,3,4]},
+		{"op":"matmul","out":[2],"in":[1,1]},
+		{"op":"sum","out":[3],"in":[2],"axes":[0]},
+		{"op":"read","in":[3],"tag":5}]}`)
+	res := r.result()
+	if len(res.Errors) > 0 || res.Tag != 5 || res.Tensor == nil {
+		t.Fatalf("result %+v", res)
+	}
+	// [[1,2],[3,4]]^2 = [[7,10],[15,22]]; column sums 22, 32.
+	if got := res.Tensor.Values; len(got) != 2 || got[0] != 22 || got[1] != 32 {
+		t.Errorf("values %v, want [22 32]", got)
+	}
+	if res.Tensor.DType != "f32" || len(res.Tensor.Data) != 8 {
+		t.Errorf("tensor %+v", res.Tensor)
+	}
+}
+
+// TestBadInput sends every kind of bad input. Each gets an error result
+// naming the op and the reason, and a second session on the device is
+// unaffected throughout.
+func TestBadInput(t *testing.T) {
+	b := brokertest.Run(t, func(c *broker.Config) { c.Provision.OpsMaxMsgSize = 256 << 10 })
+	startWorker(t, b, func(c *worker.Config) { c.Limits.Tensor.MaxElements = 1 << 20 })
+	good := newRaw(t, b, "fabric.ops.cpu-0.good")
+	good.sendJSON(`{"v":1,"ops":[{"op":"full","out":[1],"shape":[3],"value":2}]}`)
+
+	cases := []struct {
+		name, body, contentType string
+		code, op, mention       string
+	}{
+		{"not cbor", "\xff\x00garbage", "", codec.CodeMalformed, "", "cbor"},
+		{"not json", "{oops", "application/json", codec.CodeMalformed, "", "json"},
+		{"bad content type", "{}", "text/plain", codec.CodeMalformed, "", "text/plain"},
+		{"wrong version", `{"v":9,"ops":[]}`, "application/json", codec.CodeVersion, "", "version 9"},
+		{"unknown op", `{"v":1,"ops":[{"op":"frobnicate","out":[1]},{"op":"sync","tag":1}]}`, "application/json", codec.CodeUnknownOp, "frobnicate", "frobnicate"},
+		{"wrong arity", `{"v":1,"ops":[{"op":"full","out":[1],"shape":[2]},{"op":"add","out":[2],"in":[1]},{"op":"sync","tag":1}]}`, "application/json", codec.CodeArity, "add", "takes 2"},
+		{"no broadcast", `{"v":1,"ops":[{"op":"full","out":[1],"shape":[2,3]},{"op":"full","out":[2],"shape":[4]},{"op":"add","out":[3],"in":[1,2]},{"op":"sync","tag":1}]}`, "application/json", codec.CodeShape, "add", "broadcast"},
+		{"unknown id", `{"v":1,"ops":[{"op":"exp","out":[2],"in":[99]},{"op":"sync","tag":1}]}`, "application/json", codec.CodeUnknownID, "exp", "99"},
+		{"freed id", `{"v":1,"ops":[{"op":"full","out":[1],"shape":[2]},{"op":"free","in":[1]},{"op":"exp","out":[2],"in":[1]},{"op":"sync","tag":1}]}`, "application/json", codec.CodeUnknownID, "exp", "freed"},
+		{"too large", `{"v":1,"ops":[{"op":"full","out":[1],"shape":[4096,4096]},{"op":"sync","tag":1}]}`, "application/json", codec.CodeTooLarge, "full", "limit"},
+		{"upload size", `{"v":1,"ops":[{"op":"upload","out":[1],"shape":[3],"data":"AAAA"},{"op":"sync","tag":1}]}`, "application/json", codec.CodeShape, "upload", "needs 12 bytes"},
+		{"bad dtype", `{"v":1,"ops":[{"op":"full","out":[1],"shape":[2],"dtype":"f128"},{"op":"sync","tag":1}]}`, "application/json", codec.CodeDType, "full", "f128"},
+		{"duplicate id", `{"v":1,"ops":[{"op":"full","out":[1],"shape":[2]},{"op":"full","out":[1],"shape":[2]},{"op":"sync","tag":1}]}`, "application/json", codec.CodeDuplicate, "full", "already in use"},
+		{"bad axis", `{"v":1,"ops":[{"op":"full","out":[1],"shape":[2]},{"op":"sum","out":[2],"in":[1],"axes":[3]},{"op":"sync","tag":1}]}`, "application/json", codec.CodeAttr, "sum", "axis 3"},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := newRaw(t, b, "fabric.ops.cpu-0.bad"+strings.Repeat("x", i))
+			if err := r.send(c.contentType, []byte(c.body)); err != nil {
+				t.Fatal(err)
+			}
+			res := r.result()
+			if len(res.Errors) == 0 {
+				t.Fatalf("no error reported: %+v", res)
+			}
+			e := res.Errors[0]
+			if e.Code != c.code || e.Op != c.op || !strings.Contains(strings.ToLower(e.Message), strings.ToLower(c.mention)) {
+				t.Errorf("got %+v; want code %s, op %q, message mentioning %q", e, c.code, c.op, c.mention)
+			}
+			// The other session still works.
+			good.sendJSON(`{"v":1,"ops":[{"op":"read","in":[1],"tag":2}]}`)
+			if g := good.result(); len(g.Errors) > 0 || g.Tensor == nil || g.Tensor.Values[0] != 2 {
+				t.Fatalf("good session disturbed: %+v", g)
+			}
+		})
+	}
+
+	t.Run("failed input reports first cause", func(t *testing.T) {
+		r := newRaw(t, b, "fabric.ops.cpu-0.chain")
+		r.sendJSON(`{"v":1,"ops":[{"op":"full","out":[1],"shape":[2]},{"op":"full","out":[2],"shape":[3]},
+			{"op":"add","out":[3],"in":[1,2]},{"op":"exp","out":[4],"in":[3]},{"op":"sync","tag":1}]}`)
+		res := r.result()
+		if len(res.Errors) != 1 || res.Errors[0].Op != "add" || res.Errors[0].Index != 2 {
+			t.Fatalf("errors %+v, want one, from add at index 2", res.Errors)
+		}
+		r.sendJSON(`{"v":1,"ops":[{"op":"read","in":[4],"tag":2}]}`)
+		res = r.result()
+		if len(res.Errors) != 1 || res.Errors[0].Op != "add" || res.Tensor != nil {
+			t.Fatalf("read of a tensor whose input failed: %+v", res)
+		}
+	})
+
+	t.Run("forbidden session token", func(t *testing.T) {
+		r := newRaw(t, b, "fabric.ops.cpu-0.bad!token")
+		r.sendJSON(`{"v":1,"ops":[{"op":"sync","tag":1}]}`)
+		res := r.result()
+		if len(res.Errors) != 1 || res.Errors[0].Code != codec.CodeMalformed || !strings.Contains(res.Errors[0].Message, "forbidden character") {
+			t.Fatalf("got %+v", res)
+		}
+	})
+
+	t.Run("frame over the size limit", func(t *testing.T) {
+		r := newRaw(t, b, "fabric.ops.cpu-0.big")
+		err := r.send("application/json", []byte(`{"v":1,"ops":[{"op":"upload","out":[1],"data":"`+strings.Repeat("A", 300<<10)+`"}]}`))
+		var apiErr *jetstream.APIError
+		if !errors.As(err, &apiErr) || !strings.Contains(err.Error(), "maximum") {
+			t.Fatalf("publishing 300 KiB into a 256 KiB stream: %v", err)
+		}
+		// Over the server's max_payload, the client library refuses it.
+		err = r.nc.Publish("fabric.ops.cpu-0.big", make([]byte, 9<<20))
+		if !errors.Is(err, nats.ErrMaxPayload) {
+			t.Fatalf("9 MiB publish: %v", err)
+		}
+	})
+}
+
+func TestSessionsAreIsolated(t *testing.T) {
+	b := brokertest.Run(t)
+	startWorker(t, b)
+	a, c := newRaw(t, b, "fabric.ops.cpu-0.alice"), newRaw(t, b, "fabric.ops.cpu-0.carol")
+	a.sendJSON(`{"v":1,"ops":[{"op":"full","out":[1],"shape":[1],"value":7},{"op":"sync","tag":1}]}`)
+	a.result()
+	// Carol names the same id: it is hers, and she has none.
+	c.sendJSON(`{"v":1,"ops":[{"op":"read","in":[1],"tag":1}]}`)
+	if res := c.result(); len(res.Errors) != 1 || res.Errors[0].Code != codec.CodeUnknownID || res.Tensor != nil {
+		t.Fatalf("carol read alice's tensor: %+v", res)
+	}
+	c.sendJSON(`{"v":1,"ops":[{"op":"full","out":[1],"shape":[1],"value":3},{"op":"read","in":[1],"tag":2}]}`)
+	if res := c.result(); res.Tensor == nil || res.Tensor.Values[0] != 3 {
+		t.Fatalf("carol: %+v", res)
+	}
+	a.sendJSON(`{"v":1,"ops":[{"op":"read","in":[1],"tag":2}]}`)
+	if res := a.result(); res.Tensor == nil || res.Tensor.Values[0] != 7 {
+		t.Fatalf("alice: %+v", res)
+	}
+}
+
+func TestIdleSessionsAreFreed(t *testing.T) {
+	b := brokertest.Run(t)
+	startWorker(t, b, func(c *worker.Config) { c.IdleTimeout = 300 * time.Millisecond })
+	r := newRaw(t, b, "fabric.ops.cpu-0.idle")
+	r.sendJSON(`{"v":1,"ops":[{"op":"full","out":[1],"shape":[1]},{"op":"sync","tag":1}]}`)
+	r.result()
+	// The registry shows the session count; wait for the sweep to free it.
+	nc, _ := nats.Connect(b.ClientURL())
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	kv, _ := js.KeyValue(context.Background(), "FABRIC_CTRL")
+	sessions := func(want int) func() error {
+		return func() error {
+			e, err := kv.Get(context.Background(), subjects.DeviceKey("cpu-0"))
+			if err != nil {
+				return err
+			}
+			var d codec.Device
+			_ = json.Unmarshal(e.Value(), &d)
+			if d.Sessions != want {
+				return fmt.Errorf("%d sessions, want %d", d.Sessions, want)
+			}
+			return nil
+		}
+	}
+	checkFor(t, 5*time.Second, 20*time.Millisecond, sessions(1))
+	checkFor(t, 5*time.Second, 50*time.Millisecond, sessions(0))
+	r.sendJSON(`{"v":1,"ops":[{"op":"read","in":[1],"tag":2}]}`)
+	if res := r.result(); len(res.Errors) == 0 || res.Errors[0].Code != codec.CodeUnknownID {
+		t.Fatalf("idle session kept its tensor: %+v", res)
+	}
+}
+
+func TestRegistryAndStop(t *testing.T) {
+	b := brokertest.Run(t)
+	nc, _ := nats.Connect(b.ClientURL())
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	kv, err := js.KeyValue(context.Background(), "FABRIC_CTRL")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := startWorker(t, b, func(c *worker.Config) {
+		c.Devices = append(c.Devices, worker.Device{Name: "cpu-1", Kind: "cpu", Backend: cpu.New(), Cores: 2})
+	})
+	get := func(name string) codec.Device {
+		e, err := kv.Get(context.Background(), subjects.DeviceKey(name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var d codec.Device
+		if err := json.Unmarshal(e.Value(), &d); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	if d := get("cpu-1"); d.State != "serving" || d.Kind != "cpu" || d.Backend != "cpu" || d.Cores != 2 {
+		t.Errorf("registry entry %+v", d)
+	}
+	// A second worker may not take a device that is being served.
+	nc2, _ := nats.Connect(b.ClientURL())
+	defer nc2.Close()
+	cfg := worker.DefaultConfig()
+	cfg.ID = "other"
+	cfg.Devices = []worker.Device{{Name: "cpu-0", Kind: "cpu", Backend: cpu.New()}}
+	w2, _ := worker.New(nc2, cfg)
+	if err := w2.Start(context.Background()); err == nil || !strings.Contains(err.Error(), "is served by") {
+		t.Errorf("second worker on cpu-0: %v", err)
+	}
+	if err := w.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if d := get("cpu-0"); d.State != "stopped" {
+		t.Errorf("after stop: %+v", d)
+	}
+}
+
+func TestBadConfig(t *testing.T) {
+	b := brokertest.Run(t)
+	nc, _ := nats.Connect(b.ClientURL())
+	defer nc.Close()
+	for name, edit := range map[string]func(*worker.Config){
+		"no devices":  func(c *worker.Config) { c.Devices = nil },
+		"bad name":    func(c *worker.Config) { c.Devices[0].Name = "cpu.0" },
+		"twice":       func(c *worker.Config) { c.Devices = append(c.Devices, c.Devices[0]) },
+		"no backend":  func(c *worker.Config) { c.Devices[0].Backend = nil },
+		"no beat":     func(c *worker.Config) { c.Heartbeat = 0 },
+		"bad prefix":  func(c *worker.Config) { c.Prefix = "a b" },
+		"zero limits": func(c *worker.Config) { c.Limits.MaxSessions = 0 },
+	} {
+		cfg := worker.DefaultConfig()
+		cfg.Devices = []worker.Device{{Name: "cpu-0", Backend: cpu.New()}}
+		edit(&cfg)
+		if _, err := worker.New(nc, cfg); !errors.Is(err, worker.ErrInvalidConfig) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// checkFor polls fn every step until it returns nil or total passes.
+func checkFor(t testing.TB, total, step time.Duration, fn func() error) {
+	t.Helper()
+	deadline := time.Now().Add(total)
+	for {
+		err := fn()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v: %v", total, err)
+		}
+		time.Sleep(step)
+	}
+}
