@@ -1,0 +1,131 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jetfabric/jetfabric/broker/brokertest"
+	"github.com/jetfabric/jetfabric/client"
+)
+
+// TestMain lets the test binary run as the jetfabric command, so tests can
+// start real worker processes built from this package.
+func TestMain(m *testing.M) {
+	if os.Getenv("JETFABRIC_TEST_MAIN") == "1" {
+		main()
+		return
+	}
+	os.Exit(m.Run())
+}
+
+// spawn starts `jetfabric args...` as a separate process.
+func spawn(t *testing.T, args ...string) (*exec.Cmd, *bytes.Buffer) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), "JETFABRIC_TEST_MAIN=1")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+	})
+	return cmd, &out
+}
+
+func waitDevice(t *testing.T, url, device string) {
+	t.Helper()
+	c, err := client.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		devs, err := c.Devices(context.Background())
+		if err == nil {
+			for _, d := range devs {
+				if d.Name == device && client.Live(d, time.Now()) {
+					return
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("device %s never came up: %v %+v", device, err, devs)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestWorkerProcess runs the worker as its own OS process, and the demo
+// against it across the process boundary.
+func TestWorkerProcess(t *testing.T) {
+	b := brokertest.Run(t)
+	w, out := spawn(t, "worker", "--url", b.ClientURL(), "--cpus", "2")
+	waitDevice(t, b.ClientURL(), "cpu-1")
+
+	var stdout, stderr bytes.Buffer
+	if code := run(context.Background(), []string{"demo", "--url", b.ClientURL(), "--chain", "2000"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("demo exited %d\n%s\n%s\nworker:\n%s", code, stdout.String(), stderr.String(), out.String())
+	}
+	if !strings.Contains(stdout.String(), "demo passed") {
+		t.Fatalf("demo output:\n%s", stdout.String())
+	}
+	stdout.Reset()
+	if code := run(context.Background(), []string{"devices", "--url", b.ClientURL()}, &stdout, &stderr); code != 0 || !strings.Contains(stdout.String(), "cpu-1") {
+		t.Fatalf("devices exited %d:\n%s%s", code, stdout.String(), stderr.String())
+	}
+	// A clean stop marks the devices stopped.
+	_ = w.Process.Signal(syscall.SIGTERM)
+	if err := w.Wait(); err != nil {
+		t.Fatalf("worker exit: %v\n%s", err, out.String())
+	}
+	stdout.Reset()
+	run(context.Background(), []string{"devices", "--url", b.ClientURL()}, &stdout, &stderr)
+	if !strings.Contains(stdout.String(), "stopped") {
+		t.Fatalf("after stop:\n%s", stdout.String())
+	}
+}
+
+func TestDemoEmbedded(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := run(context.Background(), []string{"demo", "--chain", "1000"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("demo exited %d\n%s\n%s", code, stdout.String(), stderr.String())
+	}
+	if !strings.Contains(stdout.String(), "demo passed") {
+		t.Fatal(stdout.String())
+	}
+}
+
+func TestBadCommandLines(t *testing.T) {
+	for _, c := range []struct {
+		args    []string
+		code    int
+		mention string
+	}{
+		{nil, 2, "Usage"},
+		{[]string{"frobnicate"}, 2, "unknown command"},
+		{[]string{"broker", "--listen", "127.0.0.1:-1"}, 1, "store dir is required"},
+		{[]string{"broker", "--store", "x", "--listen", "nocolon"}, 1, "-listen"},
+		{[]string{"broker", "--store", "x", "--user", "nopassword"}, 2, "name:password"},
+		{[]string{"worker", "--cpus", "0"}, 1, "-cpus 0"},
+		{[]string{"worker", "--devices", "cpu.0"}, 1, "forbidden character"},
+		{[]string{"devices", "--url", "nats://127.0.0.1:1"}, 1, "connect"},
+		{[]string{"bench", "--layout", "sideways", "--upload-mib", "0"}, 1, "want inproc or procs"},
+		{[]string{"demo", "extra"}, 2, "unexpected arguments"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(context.Background(), c.args, &stdout, &stderr)
+		if code != c.code || !strings.Contains(stdout.String()+stderr.String(), c.mention) {
+			t.Errorf("%v: exit %d, want %d mentioning %q:\n%s%s", c.args, code, c.code, c.mention, stdout.String(), stderr.String())
+		}
+	}
+}
