@@ -1,0 +1,102 @@
+// Package python_test runs the standard-library Python client in this
+// directory against a real fabric: a broker and a CPU worker.
+package python_test
+
+import (
+	"context"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/jetfabric/jetfabric/broker/brokertest"
+	"github.com/jetfabric/jetfabric/kernels/cpu"
+	"github.com/jetfabric/jetfabric/worker"
+)
+
+// startFabric runs a broker and a worker serving cpu-0 and returns the
+// broker's client URL.
+func startFabric(t *testing.T) string {
+	t.Helper()
+	b := brokertest.Run(t)
+	nc, err := nats.Connect(b.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := worker.DefaultConfig()
+	cfg.Devices = []worker.Device{{Name: "cpu-0", Kind: "cpu", Backend: cpu.New()}}
+	cfg.Logf = t.Logf
+	w, err := worker.New(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := w.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := w.Stop(context.Background()); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+		nc.Close()
+	})
+	return b.ClientURL()
+}
+
+// python runs the client with args and returns its combined output and
+// exit code.
+func python(t *testing.T, args ...string) (string, int) {
+	t.Helper()
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 not on PATH")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, py, append([]string{"jetfabric_client.py"}, args...)...).CombinedOutput()
+	t.Logf("python3 jetfabric_client.py %s:\n%s", strings.Join(args, " "), out)
+	if err != nil {
+		ee, ok := err.(*exec.ExitError)
+		if !ok {
+			t.Fatalf("python3: %v", err)
+		}
+		return string(out), ee.ExitCode()
+	}
+	return string(out), 0
+}
+
+func TestPythonClient(t *testing.T) {
+	url := startFabric(t)
+	out, code := python(t, "--url", url)
+	if code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	for _, want := range []string{"device cpu-0", "matches Python", "unknown_op", "all checks passed"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+}
+
+func TestPythonClientFailures(t *testing.T) {
+	url := startFabric(t)
+	for _, c := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"device not registered", []string{"--url", url, "--device", "gpu-9"}, "device gpu-9 is not live"},
+		{"no broker", []string{"--url", "nats://127.0.0.1:1"}, "connect 127.0.0.1:1"},
+		{"prefix without a fabric", []string{"--url", url, "--prefix", "other"}, "JetStream STREAM.INFO.KV_OTHER_CTRL: stream not found"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			out, code := python(t, c.args...)
+			if code != 1 || !strings.Contains(out, c.want) {
+				t.Errorf("exit %d, output %q; want exit 1 and %q", code, out, c.want)
+			}
+		})
+	}
+}
