@@ -1,0 +1,564 @@
+package objectstore
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Put writes data as the object name with the caller's metadata, in the
+// object store's own format, and returns its Info. The meta, with the
+// SHA-256 digest, is written only once every chunk is stored, so readers
+// never see a partial object; an object of the same name is replaced at
+// that moment and its chunks purged afterwards. On failure the chunks
+// written are purged and nothing is visible. Refusals and timeouts are
+// retried (WithRetries) from the last good chunk; past that the error
+// wraps ErrRefused.
+func (s *Store) Put(ctx context.Context, name string, data []byte, meta map[string]string) (Info, error) {
+	if name == "" {
+		return Info{}, fmt.Errorf("%w: empty object name", ErrInvalidOption)
+	}
+	if s.opts.parts > 1 && int64(len(data)) > s.opts.partThreshold {
+		return s.putParts(ctx, name, data, meta)
+	}
+	oi, err := s.putObject(ctx, name, data, meta, nil, s.opts.window)
+	if err != nil {
+		return Info{}, err
+	}
+	return info(oi), nil
+}
+
+// newNUID names a new chunk subject: 128 random bits as one subject token.
+func newNUID() string { return rand.Text() }
+
+// Chunk states in a writer.
+const (
+	chunkUnsent uint8 = iota
+	chunkInFlight
+	chunkAcked
+	chunkFailed
+)
+
+// hashBlock is how much the digest goroutine hashes between checks for
+// cancellation.
+const hashBlock = 4 << 20
+
+// digester computes the SHA-256 of data on its own goroutine, so hashing
+// overlaps with publishing. Its owner calls wait (or stop) before it
+// returns.
+type digester struct {
+	stopped atomic.Bool
+	wg      sync.WaitGroup
+	sum     [sha256.Size]byte
+	done    bool
+}
+
+func startDigest(data []byte) *digester {
+	d := &digester{}
+	d.wg.Go(func() {
+		h := sha256.New()
+		for off := 0; off < len(data); off += hashBlock {
+			if d.stopped.Load() {
+				return
+			}
+			h.Write(data[off:min(off+hashBlock, len(data))])
+		}
+		h.Sum(d.sum[:0])
+		d.done = true
+	})
+	return d
+}
+
+func (d *digester) wait() [sha256.Size]byte {
+	d.wg.Wait()
+	return d.sum
+}
+
+func (d *digester) stop() {
+	d.stopped.Store(true)
+	d.wg.Wait()
+}
+
+// writer publishes one object's chunks with a bounded window.
+type writer struct {
+	s      *Store
+	name   string
+	data   []byte
+	chunk  int
+	n      int // chunks
+	window int
+
+	nuid      string
+	subj      string
+	abandoned []string // NUIDs given up after a timeout; purged again at the end
+
+	inbox string
+	acks  chan *nats.Msg
+	sub   *nats.Subscription
+
+	state    []uint8
+	seqs     []uint64
+	sentAt   []time.Time
+	next     int // next chunk to send
+	lo       int // no chunk below lo is in flight
+	inflight int
+	acked    int
+
+	failedAt int // lowest refused or timed-out chunk, -1 when none
+	timedOut bool
+	throttle bool // a 429 was seen: halve the window on rewind
+	lastErr  error
+	retries  int
+	rewound  bool
+
+	prevAsked bool
+	prevDone  bool
+	prev      *jetstream.ObjectInfo
+	prevHdr   nats.Header
+}
+
+// Reply tokens under the writer's inbox besides chunk indexes.
+const (
+	replyMeta = "m"
+	replyPrev = "p"
+)
+
+// putObject writes one ADR-20 object with at most window chunks in flight.
+func (s *Store) putObject(ctx context.Context, name string, data []byte, meta map[string]string, hdr nats.Header, window int) (*jetstream.ObjectInfo, error) {
+	chunk := s.opts.chunkSize
+	n := (len(data) + chunk - 1) / chunk
+	if int64(n) > math.MaxUint32 {
+		return nil, fmt.Errorf("%w: %q: %d chunks of %d bytes, at most %d chunks", ErrInvalidOption, name, n, chunk, uint32(math.MaxUint32))
+	}
+	w := &writer{
+		s: s, name: name, data: data, chunk: chunk, n: n,
+		window:   min(window, max(n, 1)),
+		state:    make([]uint8, n),
+		seqs:     make([]uint64, n),
+		sentAt:   make([]time.Time, n),
+		failedAt: -1,
+	}
+	w.nuid = newNUID()
+	w.subj = chunkSubject(s.bucket, w.nuid)
+	dig := startDigest(data)
+	if err := w.subscribe(); err != nil {
+		dig.stop()
+		return nil, err
+	}
+	defer func() { _ = w.sub.Unsubscribe() }()
+	w.askPrev()
+
+	err := w.sendAll(ctx)
+	var oi *jetstream.ObjectInfo
+	if err == nil {
+		sum := dig.wait()
+		oi = &jetstream.ObjectInfo{
+			ObjectMeta: jetstream.ObjectMeta{
+				Name:    name,
+				Headers: hdr,
+				Opts:    &jetstream.ObjectMetaOptions{ChunkSize: uint32(chunk)},
+			},
+			Bucket: s.bucket,
+			NUID:   w.nuid,
+			Size:   uint64(len(data)),
+			Chunks: uint32(n),
+			Digest: digestString(sum),
+		}
+		if len(meta) > 0 {
+			oi.Metadata = maps.Clone(meta)
+		}
+		err = w.writeMeta(ctx, oi)
+	}
+	if err != nil {
+		dig.stop()
+		w.rollback(ctx)
+		return nil, err
+	}
+	w.waitPrev(ctx)
+	w.dropOld(ctx)
+	return oi, nil
+}
+
+func (w *writer) subscribe() error {
+	if w.sub != nil {
+		_ = w.sub.Unsubscribe()
+	}
+	w.inbox = w.s.nc.NewInbox()
+	// Every reply fits: at most window chunk acks, the meta ack and the
+	// previous meta are outstanding on one inbox.
+	w.acks = make(chan *nats.Msg, w.window+4)
+	sub, err := w.s.nc.ChanSubscribe(w.inbox+".*", w.acks)
+	if err != nil {
+		return fmt.Errorf("objectstore: %s: put %q: subscribe for acks: %w", w.s.bucket, w.name, err)
+	}
+	w.sub = sub
+	return nil
+}
+
+// askPrev asks for the meta the new object replaces, without waiting:
+// its chunks are purged once the new meta is in.
+func (w *writer) askPrev() {
+	if w.prevDone {
+		return
+	}
+	err := w.s.nc.PublishRequest(w.s.directGet+"."+metaSubject(w.s.bucket, w.name), w.inbox+"."+replyPrev, nil)
+	w.prevAsked = err == nil
+}
+
+func (w *writer) takePrev(m *nats.Msg) {
+	w.prevDone = true
+	if oi, hdr, err := decodeMeta(m, w.s.bucket, w.name); err == nil {
+		w.prev, w.prevHdr = oi, hdr
+	}
+}
+
+// sendAll publishes every chunk and returns once all are acknowledged in
+// order on one subject.
+func (w *writer) sendAll(ctx context.Context) error {
+	timer := time.NewTimer(w.s.opts.timeout)
+	defer timer.Stop()
+	for {
+		if w.failedAt < 0 {
+			for w.next < w.n && w.inflight < w.window {
+				if err := w.send(w.next); err != nil {
+					return err
+				}
+				w.next++
+			}
+			if w.acked == w.n {
+				if !w.rewound {
+					return nil
+				}
+				// After a rewind, check that the subject holds exactly
+				// our chunks before the meta makes them visible.
+				if err := w.verifyCount(ctx); err == nil {
+					return nil
+				} else if err := w.fail(0, true, err); err != nil {
+					return err
+				}
+			}
+		} else if w.inflight == 0 {
+			if err := w.rewind(ctx); err != nil {
+				return err
+			}
+			continue
+		}
+		if w.inflight == 0 {
+			continue
+		}
+		for w.lo < w.next && w.state[w.lo] != chunkInFlight {
+			w.lo++
+		}
+		timer.Reset(time.Until(w.sentAt[w.lo].Add(w.s.opts.timeout)))
+		select {
+		case m := <-w.acks:
+			if err := w.handle(m); err != nil {
+				return err
+			}
+		case now := <-timer.C:
+			w.expire(now)
+		case <-ctx.Done():
+			return fmt.Errorf("objectstore: %s: put %q: %w", w.s.bucket, w.name, ctx.Err())
+		}
+	}
+}
+
+func (w *writer) send(i int) error {
+	a := i * w.chunk
+	b := min(a+w.chunk, len(w.data))
+	w.state[i] = chunkInFlight
+	w.sentAt[i] = time.Now()
+	w.inflight++
+	if err := w.s.nc.PublishRequest(w.subj, w.inbox+"."+strconv.Itoa(i), w.data[a:b]); err != nil {
+		return fmt.Errorf("objectstore: %s: put %q: publish chunk %d: %w", w.s.bucket, w.name, i, err)
+	}
+	return nil
+}
+
+// handle takes one reply off the inbox.
+func (w *writer) handle(m *nats.Msg) error {
+	tok := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
+	if tok == replyPrev {
+		w.takePrev(m)
+		return nil
+	}
+	i, err := strconv.Atoi(tok)
+	if err != nil || i < 0 || i >= w.n || w.state[i] != chunkInFlight {
+		return nil // the meta's ack, or a chunk given up on
+	}
+	w.inflight--
+	retry, err := ackResult(m)
+	switch {
+	case err == nil:
+		w.state[i] = chunkAcked
+		w.acked++
+		return nil
+	case retry:
+		w.state[i] = chunkFailed
+		return w.fail(i, false, err)
+	default:
+		w.state[i] = chunkFailed
+		return fmt.Errorf("%w: %s: put %q: chunk %d: %v", ErrRefused, w.s.bucket, w.name, i, err)
+	}
+}
+
+// ackResult reads a publish reply: nil when stored; otherwise whether a
+// retry can succeed.
+func ackResult(m *nats.Msg) (retry bool, err error) {
+	if st := status(m); st != "" {
+		return st == statusNoResponders, fmt.Errorf("status %s %s", st, m.Header.Get(hdrDesc))
+	}
+	var ack pubAck
+	if err := json.Unmarshal(m.Data, &ack); err != nil {
+		return false, fmt.Errorf("unreadable ack %q: %v", m.Data, err)
+	}
+	if ack.Error != nil {
+		e := ack.Error
+		return e.Code == codeTooManyRequests || e.ErrCode == errClusterNotAvail, e
+	}
+	if ack.Seq == 0 {
+		return false, fmt.Errorf("ack without a sequence: %q", m.Data)
+	}
+	return false, nil
+}
+
+// fail records a retryable failure at chunk i: sending stops, and once
+// nothing is in flight the writer rewinds.
+func (w *writer) fail(i int, timedOut bool, err error) error {
+	if w.failedAt < 0 || i < w.failedAt {
+		w.failedAt = i
+	}
+	w.timedOut = w.timedOut || timedOut
+	var ae *apiError
+	if errors.As(err, &ae) && ae.Code == codeTooManyRequests {
+		w.throttle = true
+	}
+	w.lastErr = err
+	return nil
+}
+
+// expire gives up on every chunk whose ack is overdue.
+func (w *writer) expire(now time.Time) {
+	for i := w.lo; i < w.next; i++ {
+		if w.state[i] == chunkInFlight && now.Sub(w.sentAt[i]) >= w.s.opts.timeout {
+			w.state[i] = chunkFailed
+			w.inflight--
+			_ = w.fail(i, true, fmt.Errorf("no ack for chunk %d within %v", i, w.s.opts.timeout))
+		}
+	}
+}
+
+// rewind makes the chunk subject hold exactly chunks [0, failedAt) again
+// and resumes from failedAt. Chunks accepted after a refused one are
+// deleted by sequence. After a timeout the writer cannot know what was
+// stored, so it abandons the subject and starts over on a new one.
+func (w *writer) rewind(ctx context.Context) error {
+	w.retries++
+	if w.retries > w.s.opts.retries {
+		return fmt.Errorf("%w: %s: put %q: chunk %d: %v (after %d retries)", ErrRefused, w.s.bucket, w.name, w.failedAt, w.lastErr, w.s.opts.retries)
+	}
+	if err := sleepCtx(ctx, backoff(w.retries, 20*time.Millisecond)); err != nil {
+		return fmt.Errorf("objectstore: %s: put %q: %w", w.s.bucket, w.name, err)
+	}
+	if w.throttle {
+		w.window = max(1, w.window/2)
+		w.throttle = false
+	}
+	if !w.timedOut {
+		for i := w.failedAt; i < w.next; i++ {
+			if w.state[i] == chunkAcked {
+				if err := w.s.stream.DeleteMsg(ctx, w.seqs[i]); err != nil {
+					w.timedOut = true // cannot trim: start over instead
+					break
+				}
+				w.acked--
+			}
+			w.state[i] = chunkUnsent
+		}
+	}
+	if w.timedOut {
+		w.abandoned = append(w.abandoned, w.nuid)
+		w.purgeQuietly(ctx, w.nuid)
+		w.nuid = newNUID()
+		w.subj = chunkSubject(w.s.bucket, w.nuid)
+		clear(w.state)
+		w.acked, w.failedAt = 0, 0
+		// Late acks belong to the old subject: listen on a new inbox.
+		if err := w.subscribe(); err != nil {
+			return err
+		}
+		if !w.prevDone {
+			w.askPrev()
+		}
+	}
+	w.next, w.lo = w.failedAt, w.failedAt
+	w.failedAt, w.timedOut, w.rewound = -1, false, true
+	return nil
+}
+
+// verifyCount checks that the chunk subject holds exactly n messages.
+func (w *writer) verifyCount(ctx context.Context) error {
+	si, err := w.s.stream.Info(ctx, jetstream.WithSubjectFilter(w.subj))
+	if err != nil {
+		return fmt.Errorf("count chunks: %w", err)
+	}
+	if got := si.State.Subjects[w.subj]; got != uint64(w.n) {
+		return fmt.Errorf("%s holds %d messages, want %d", w.subj, got, w.n)
+	}
+	return nil
+}
+
+// writeMeta publishes the meta, rolling up the previous one, and waits for
+// its ack; a retryable refusal or a timeout publishes it again.
+func (w *writer) writeMeta(ctx context.Context, oi *jetstream.ObjectInfo) error {
+	data, err := json.Marshal(oi)
+	if err != nil {
+		return fmt.Errorf("objectstore: %s: put %q: encode meta: %w", w.s.bucket, w.name, err)
+	}
+	m := nats.NewMsg(metaSubject(w.s.bucket, w.name))
+	m.Header.Set(hdrRollup, rollupSubject)
+	m.Data = data
+	m.Reply = w.inbox + "." + replyMeta
+	timer := time.NewTimer(w.s.opts.timeout)
+	defer timer.Stop()
+	for attempt := 0; ; attempt++ {
+		if attempt > 0 {
+			if attempt > w.s.opts.retries {
+				return fmt.Errorf("%w: %s: put %q: meta: %v (after %d retries)", ErrRefused, w.s.bucket, w.name, w.lastErr, w.s.opts.retries)
+			}
+			if err := sleepCtx(ctx, backoff(attempt, 20*time.Millisecond)); err != nil {
+				return fmt.Errorf("objectstore: %s: put %q: %w", w.s.bucket, w.name, err)
+			}
+		}
+		if err := w.s.nc.PublishMsg(m); err != nil {
+			return fmt.Errorf("objectstore: %s: put %q: publish meta: %w", w.s.bucket, w.name, err)
+		}
+		timer.Reset(w.s.opts.timeout)
+	wait:
+		for {
+			select {
+			case r := <-w.acks:
+				switch r.Subject[strings.LastIndexByte(r.Subject, '.')+1:] {
+				case replyPrev:
+					w.takePrev(r)
+				case replyMeta:
+					retry, err := ackResult(r)
+					if err == nil {
+						return nil
+					}
+					if !retry {
+						return fmt.Errorf("%w: %s: put %q: meta: %v", ErrRefused, w.s.bucket, w.name, err)
+					}
+					w.lastErr = err
+					break wait
+				}
+			case <-timer.C:
+				w.lastErr = fmt.Errorf("no ack for the meta within %v", w.s.opts.timeout)
+				break wait
+			case <-ctx.Done():
+				return fmt.Errorf("objectstore: %s: put %q: %w", w.s.bucket, w.name, ctx.Err())
+			}
+		}
+	}
+}
+
+// waitPrev waits (bounded) for the previous meta asked for at the start.
+func (w *writer) waitPrev(ctx context.Context) {
+	if !w.prevAsked || w.prevDone {
+		return
+	}
+	timer := time.NewTimer(w.s.opts.timeout)
+	defer timer.Stop()
+	for !w.prevDone {
+		select {
+		case m := <-w.acks:
+			if strings.HasSuffix(m.Subject, "."+replyPrev) {
+				w.takePrev(m)
+			}
+		case <-timer.C:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// dropOld purges what the new object replaced: the previous object's
+// chunks (or parts) and any subject abandoned after a timeout. Failures
+// only leave garbage that the bucket's TTL removes.
+func (w *writer) dropOld(ctx context.Context) {
+	ctx, cancel := w.s.cleanupContext(ctx)
+	defer cancel()
+	for _, nuid := range w.abandoned {
+		w.purgeQuietly(ctx, nuid)
+	}
+	p := w.prev
+	if p == nil || p.Deleted || p.NUID == "" || p.NUID == w.nuid {
+		return
+	}
+	if _, ok := partsOf(p); ok {
+		if man, err := w.s.readManifest(ctx, p); err == nil {
+			for _, part := range man.Parts {
+				_ = w.s.Delete(ctx, part.Name)
+			}
+		}
+	}
+	w.purgeQuietly(ctx, p.NUID)
+}
+
+// rollback waits briefly for chunks still in flight, then purges every
+// subject this writer used.
+func (w *writer) rollback(ctx context.Context) {
+	ctx, cancel := w.s.cleanupContext(ctx)
+	defer cancel()
+	grace := time.NewTimer(min(w.s.opts.timeout, 2*time.Second))
+	defer grace.Stop()
+	for w.inflight > 0 {
+		select {
+		case m := <-w.acks:
+			tok := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
+			if i, err := strconv.Atoi(tok); err == nil && i >= 0 && i < w.n && w.state[i] == chunkInFlight {
+				w.state[i] = chunkFailed
+				w.inflight--
+			}
+		case <-grace.C:
+			w.inflight = 0
+		}
+	}
+	for _, nuid := range append(w.abandoned, w.nuid) {
+		w.purgeQuietly(ctx, nuid)
+	}
+}
+
+func (w *writer) purgeQuietly(ctx context.Context, nuid string) {
+	_ = w.s.purge(ctx, nuid)
+}
+
+// backoff is base doubled per attempt, at most a second.
+func backoff(attempt int, base time.Duration) time.Duration {
+	return min(base<<min(attempt-1, 10), time.Second)
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
