@@ -77,18 +77,34 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	var wf workerFlags
 	cf.register(fs, envOr("JETFABRIC_URL", nats.DefaultURL))
 	wf.register(fs)
+	claim := fs.String("claim", "", "claim the first -cpus free slots of this kind (cpu: cpu-N) instead of naming devices; for replicas of one service")
 	if err := parse(fs, args, stderr); err != nil {
 		return err
+	}
+	if wf.id == "" {
+		wf.id = worker.DefaultConfig().ID
+	}
+	if *claim != "" {
+		if err := checkClaim(*claim, &wf); err != nil {
+			return err
+		}
+	} else if _, err := wf.config(nil); err != nil {
+		return err
+	}
+	nc, err := nats.Connect(cf.url, append(cf.natsOptions(), nats.Name("jetfabric-worker "+wf.id), nats.MaxReconnects(-1))...)
+	if err != nil {
+		return fmt.Errorf("connect %s: %w", cf.url, err)
+	}
+	defer nc.Close()
+	if *claim != "" {
+		if err := claimDevices(ctx, nc, *claim, &wf); err != nil {
+			return err
+		}
 	}
 	cfg, err := wf.config(logger(stderr, "worker: "))
 	if err != nil {
 		return err
 	}
-	nc, err := nats.Connect(cf.url, append(cf.natsOptions(), nats.Name("jetfabric-worker "+cfg.ID), nats.MaxReconnects(-1))...)
-	if err != nil {
-		return fmt.Errorf("connect %s: %w", cf.url, err)
-	}
-	defer nc.Close()
 	w, err := newWorker(ctx, nc, cfg)
 	if err != nil {
 		return err
