@@ -4,8 +4,13 @@ BIN      ?= bin
 PKGS     := ./...
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS  := -s -w -X main.version=$(VERSION)
+IMAGE    ?= jetfabric:latest
+# docker compose v2 where the plugin is installed, else docker-compose v1.
+COMPOSE  ?= $(shell docker compose version >/dev/null 2>&1 && echo docker compose || echo docker-compose)
+SCALE    ?= 1
 
-.PHONY: all build build-gpu demo up test test-race test-nocgo test-gpu vet fmt-check fuzz bench lint tidy clean
+.PHONY: all build build-gpu demo up test test-race test-nocgo test-gpu vet fmt-check fuzz bench lint tidy clean \
+	images compose-up compose-down test-e2e bench-scale
 
 all: build
 
@@ -24,6 +29,27 @@ demo:
 ## up: embedded broker and CPU workers on 127.0.0.1:4222, store in ./.jetfabric
 up:
 	$(GO) run ./cmd/jetfabric up --store .jetfabric/store --cpus 2
+
+## images: the FROM scratch image of the static binary (nothing is pulled)
+images: build
+	mkdir -p $(BIN)/image/data
+	docker build -t $(IMAGE) .
+
+## compose-up: broker and SCALE workers in containers (make images first), client port 4222
+compose-up:
+	JETFABRIC_IMAGE=$(IMAGE) $(COMPOSE) up -d --scale worker=$(SCALE)
+
+## compose-down: stop and remove the containers (the store volume stays; add -v to delete it)
+compose-down:
+	$(COMPOSE) --profile cluster down --remove-orphans
+
+## test-e2e: the container tests: images, then compose projects of their own, removed after
+test-e2e: images
+	JETFABRIC_E2E=1 JETFABRIC_IMAGE=$(IMAGE) $(GO) test -count=1 -v -timeout 20m ./e2e
+
+## bench-scale: the same 32 jobs on 1, 2 and 4 worker containers, jobs/s
+bench-scale: images
+	JETFABRIC_E2E=1 JETFABRIC_IMAGE=$(IMAGE) $(GO) test -count=1 -run x -bench Scale -benchtime 3x -timeout 20m ./e2e
 
 ## test: vet, format check, tests with -race, tests again without cgo
 test: vet fmt-check test-race test-nocgo
