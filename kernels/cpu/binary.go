@@ -1,0 +1,238 @@
+package cpu
+
+import (
+	"github.com/jetfabric/jetfabric/kernels"
+)
+
+// kern2 computes len(y) elements of a binary op over a run in mode m; for
+// a scalar operand only element 0 of its slice is read.
+type kern2[T, U any] func(y []U, a, b []T, m mode)
+
+// binKernels are the kernels of one binary op, per dtype; nil where the op
+// does not take the dtype.
+type binKernels struct {
+	f32 kern2[float32, float32]
+	f64 kern2[float64, float64]
+	i32 kern2[int32, int32]
+	i64 kern2[int64, int64]
+	u8  kern2[uint8, uint8]
+}
+
+func init() {
+	for name, k := range map[string]binKernels{
+		kernels.OpAdd: {addK[float32], addK[float64], addK[int32], addK[int64], addK[uint8]},
+		kernels.OpSub: {subK[float32], subK[float64], subK[int32], subK[int64], subK[uint8]},
+		kernels.OpMul: {mulK[float32], mulK[float64], mulK[int32], mulK[int64], mulK[uint8]},
+		kernels.OpDiv: {divK[float32], divK[float64], idivK[int32], idivK[int64], idivK[uint8]},
+	} {
+		elementwise[name] = true
+		def(func(b *Backend, op *kernels.Op, in, out []*kernels.Tensor) error {
+			return b.binary(k, op, in, out)
+		}, 2, name)
+	}
+}
+
+func (b *Backend) binary(k binKernels, op *kernels.Op, in, out []*kernels.Tensor) error {
+	x, z, y := in[0], in[1], out[0]
+	if z.DType != x.DType {
+		return dtypeErr(op, "input", 1, z.DType)
+	}
+	if y.DType != x.DType {
+		return dtypeErr(op, "output", 0, y.DType)
+	}
+	bc, ok := newBcast(y.Shape, x.Shape, z.Shape)
+	if !ok {
+		return shapeErr(op, "inputs %v and %v do not broadcast to output %v", x.Shape, z.Shape, y.Shape)
+	}
+	xd, zd, yd := data(x), data(z), data(y)
+	nx, nz, n := x.Numel(), z.Numel(), bc.n
+	switch x.DType {
+	case kernels.Float32:
+		return binaryRun(op, k.f32, &bc, view[float32](yd, n), view[float32](xd, nx), view[float32](zd, nz))
+	case kernels.Float64:
+		return binaryRun(op, k.f64, &bc, view[float64](yd, n), view[float64](xd, nx), view[float64](zd, nz))
+	case kernels.Int32:
+		return binaryRun(op, k.i32, &bc, view[int32](yd, n), view[int32](xd, nx), view[int32](zd, nz))
+	case kernels.Int64:
+		return binaryRun(op, k.i64, &bc, view[int64](yd, n), view[int64](xd, nx), view[int64](zd, nz))
+	case kernels.Uint8:
+		return binaryRun(op, k.u8, &bc, view[uint8](yd, n), view[uint8](xd, nx), view[uint8](zd, nz))
+	case kernels.Float16, kernels.BFloat16:
+		if k.f32 == nil {
+			return dtypeErr(op, "input", 0, x.DType)
+		}
+		return b.viaF32(op, in, out)
+	}
+	return dtypeErr(op, "input", 0, x.DType)
+}
+
+// binaryRun runs k over the broadcast bc, in parallel when it is large.
+func binaryRun[T, U any](op *kernels.Op, k kern2[T, U], bc *bcast, y []U, a, b []T) error {
+	if k == nil {
+		return dtypeErr(op, "input", 0, dtypeOf[T]())
+	}
+	if bc.n == 0 {
+		return nil
+	}
+	m := bc.mode()
+	if bc.rank <= 1 { // same shapes, or a scalar operand: one flat run
+		if w := split(bc.n, 1); w > 1 {
+			sa, sb := bc.st[0][0], bc.st[1][0]
+			parallel(bc.n, w, func(lo, hi int) { k(y[lo:hi], a[lo*sa:], b[lo*sb:], m) })
+			return nil
+		}
+		k(y, a, b, m)
+		return nil
+	}
+	if w := split(bc.n, 1); w > 1 {
+		bb := *bc // a copy, so that bc itself stays on the caller's stack
+		parallel(bc.n, w, func(lo, hi int) { binaryWalk(k, &bb, m, y, a, b, lo, hi) })
+		return nil
+	}
+	binaryWalk(k, bc, m, y, a, b, 0, bc.n)
+	return nil
+}
+
+func binaryWalk[T, U any](k kern2[T, U], bc *bcast, m mode, y []U, a, b []T, lo, hi int) {
+	bc.walk(lo, hi, func(o int, off [3]int, n int) {
+		k(y[o:o+n], a[off[0]:], b[off[1]:], m)
+	})
+}
+
+// fill sets every element of y to y[0].
+func fill[T any](y []T) {
+	if len(y) == 0 {
+		return
+	}
+	v := y[0]
+	for i := range y {
+		y[i] = v
+	}
+}
+
+func addK[T number](y, a, b []T, m mode) {
+	switch m {
+	case vv:
+		a, b := a[:len(y)], b[:len(y)]
+		for i := range y {
+			y[i] = a[i] + b[i]
+		}
+	case vs:
+		a, s := a[:len(y)], b[0]
+		for i := range y {
+			y[i] = a[i] + s
+		}
+	case sv:
+		s, b := a[0], b[:len(y)]
+		for i := range y {
+			y[i] = s + b[i]
+		}
+	default:
+		y[0] = a[0] + b[0]
+		fill(y)
+	}
+}
+
+func subK[T number](y, a, b []T, m mode) {
+	switch m {
+	case vv:
+		a, b := a[:len(y)], b[:len(y)]
+		for i := range y {
+			y[i] = a[i] - b[i]
+		}
+	case vs:
+		a, s := a[:len(y)], b[0]
+		for i := range y {
+			y[i] = a[i] - s
+		}
+	case sv:
+		s, b := a[0], b[:len(y)]
+		for i := range y {
+			y[i] = s - b[i]
+		}
+	default:
+		y[0] = a[0] - b[0]
+		fill(y)
+	}
+}
+
+func mulK[T number](y, a, b []T, m mode) {
+	switch m {
+	case vv:
+		a, b := a[:len(y)], b[:len(y)]
+		for i := range y {
+			y[i] = a[i] * b[i]
+		}
+	case vs:
+		a, s := a[:len(y)], b[0]
+		for i := range y {
+			y[i] = a[i] * s
+		}
+	case sv:
+		s, b := a[0], b[:len(y)]
+		for i := range y {
+			y[i] = s * b[i]
+		}
+	default:
+		y[0] = a[0] * b[0]
+		fill(y)
+	}
+}
+
+func divK[T float](y, a, b []T, m mode) {
+	switch m {
+	case vv:
+		a, b := a[:len(y)], b[:len(y)]
+		for i := range y {
+			y[i] = a[i] / b[i]
+		}
+	case vs:
+		a, s := a[:len(y)], b[0]
+		for i := range y {
+			y[i] = a[i] / s
+		}
+	case sv:
+		s, b := a[0], b[:len(y)]
+		for i := range y {
+			y[i] = s / b[i]
+		}
+	default:
+		y[0] = a[0] / b[0]
+		fill(y)
+	}
+}
+
+// idiv is integer division truncating toward zero, with x/0 = 0.
+func idiv[T integer](a, b T) T {
+	if b == 0 {
+		return 0
+	}
+	return a / b
+}
+
+func idivK[T integer](y, a, b []T, m mode) {
+	switch m {
+	case vv:
+		a, b := a[:len(y)], b[:len(y)]
+		for i := range y {
+			y[i] = idiv(a[i], b[i])
+		}
+	case vs:
+		a, s := a[:len(y)], b[0]
+		if s == 0 {
+			clear(y)
+			return
+		}
+		for i := range y {
+			y[i] = a[i] / s
+		}
+	case sv:
+		s, b := a[0], b[:len(y)]
+		for i := range y {
+			y[i] = idiv(s, b[i])
+		}
+	default:
+		y[0] = idiv(a[0], b[0])
+		fill(y)
+	}
+}

@@ -1,0 +1,276 @@
+package cpu
+
+import (
+	"errors"
+	"fmt"
+	"unsafe"
+
+	"github.com/jetfabric/jetfabric/kernels"
+)
+
+// maxAlloc bounds one allocation, so that an absurd request is an error
+// rather than a fatal out-of-memory in the runtime.
+const maxAlloc = 1 << 40
+
+// Backend is the CPU backend. The zero value is not usable; call New.
+type Backend struct {
+	_ struct{}
+}
+
+var _ kernels.Backend = (*Backend)(nil)
+
+// New returns a CPU backend.
+func New() *Backend { return &Backend{} }
+
+// Name returns "cpu".
+func (b *Backend) Name() string { return "cpu" }
+
+// Buffer is host memory owned by the CPU backend, 8-byte aligned.
+type Buffer struct {
+	data []byte
+}
+
+// Bytes is the buffer's size in bytes.
+func (buf *Buffer) Bytes() int { return len(buf.data) }
+
+// Host returns the buffer's memory. The CPU backend's buffers are host
+// memory, so a caller may read or write them directly between calls to
+// Exec, without Upload and Download. It is nil once the buffer is freed.
+func (buf *Buffer) Host() []byte { return buf.data }
+
+// Alloc returns a buffer of n bytes, zeroed. It fails with
+// kernels.ErrOutOfMemory if n is negative or absurdly large.
+func (b *Backend) Alloc(n int) (_ kernels.Buffer, err error) {
+	if n < 0 || n > maxAlloc {
+		return nil, fmt.Errorf("%w: cpu: cannot allocate %d bytes", kernels.ErrOutOfMemory, n)
+	}
+	if n == 0 {
+		return &Buffer{data: []byte{}}, nil
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: cpu: allocating %d bytes: %v", kernels.ErrOutOfMemory, n, r)
+		}
+	}()
+	words := make([]uint64, (n+7)/8) // 8-byte alignment for every dtype
+	return &Buffer{data: unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), n)}, nil
+}
+
+// Free releases a buffer: later uses of it fail. Freeing nil or a buffer
+// of another backend is a no-op.
+func (b *Backend) Free(buf kernels.Buffer) {
+	if c, ok := buf.(*Buffer); ok && c != nil {
+		c.data = nil
+	}
+}
+
+// Upload copies src into the start of dst. It fails with kernels.ErrShape
+// if dst is too small, and with ErrForeignBuffer if dst is not a live
+// buffer of this backend.
+func (b *Backend) Upload(dst kernels.Buffer, src []byte) error {
+	d, err := host(dst)
+	if err != nil {
+		return fmt.Errorf("cpu: upload: %w", err)
+	}
+	if len(src) > len(d) {
+		return fmt.Errorf("%w: cpu: upload of %d bytes into a buffer of %d", kernels.ErrShape, len(src), len(d))
+	}
+	copy(d, src)
+	return nil
+}
+
+// Download copies the start of src into dst. It fails with kernels.ErrShape
+// if src is smaller than dst, and with ErrForeignBuffer if src is not a live
+// buffer of this backend.
+func (b *Backend) Download(dst []byte, src kernels.Buffer) error {
+	s, err := host(src)
+	if err != nil {
+		return fmt.Errorf("cpu: download: %w", err)
+	}
+	if len(dst) > len(s) {
+		return fmt.Errorf("%w: cpu: download of %d bytes from a buffer of %d", kernels.ErrShape, len(dst), len(s))
+	}
+	copy(dst, s)
+	return nil
+}
+
+// Sync returns nil: Exec is synchronous.
+func (b *Backend) Sync() error { return nil }
+
+// ErrForeignBuffer is returned for a buffer that this backend did not
+// allocate, or that was freed.
+var ErrForeignBuffer = errors.New("cpu: not a live buffer of the cpu backend")
+
+func host(buf kernels.Buffer) ([]byte, error) {
+	c, ok := buf.(*Buffer)
+	if !ok || c == nil || c.data == nil {
+		return nil, fmt.Errorf("%w (%T)", ErrForeignBuffer, buf)
+	}
+	return c.data, nil
+}
+
+// execFn runs one op whose arity has been checked.
+type execFn func(b *Backend, op *kernels.Op, in, out []*kernels.Tensor) error
+
+type entry struct {
+	nin, nout int
+	fn        execFn
+}
+
+// table maps every op this backend runs to its implementation.
+var table = map[string]entry{}
+
+func def(fn execFn, nin int, names ...string) {
+	for _, n := range names {
+		table[n] = entry{nin, 1, fn}
+	}
+}
+
+// Exec runs op. Inputs and outputs must be contiguous tensors in buffers of
+// this backend, with the metas kernels.Infer gives; Exec checks that they fit
+// (arity, dtypes, shapes, buffer sizes) and returns an error wrapping
+// kernels.ErrArity, ErrShape, ErrDType, ErrAttr or ErrForeignBuffer if not,
+// and kernels.ErrUnknownOp for an op outside the set. An output may share its
+// buffer with an input.
+func (b *Backend) Exec(op *kernels.Op, in, out []*kernels.Tensor) (err error) {
+	if op == nil {
+		return fmt.Errorf("%w: cpu: nil op", kernels.ErrUnknownOp)
+	}
+	e, ok := table[op.Name]
+	if !ok {
+		if kernels.Known(op.Name) {
+			return fmt.Errorf("%w: cpu: %s", kernels.ErrNotImplemented, op.Name)
+		}
+		return fmt.Errorf("%w %q", kernels.ErrUnknownOp, op.Name)
+	}
+	if len(in) != e.nin || len(out) != e.nout {
+		return fmt.Errorf("%w: cpu: %s takes %d inputs and %d outputs, got %d and %d",
+			kernels.ErrArity, op.Name, e.nin, e.nout, len(in), len(out))
+	}
+	for i, t := range in {
+		if err := checkTensor(op, "input", i, t); err != nil {
+			return err
+		}
+	}
+	for i, t := range out {
+		if err := checkTensor(op, "output", i, t); err != nil {
+			return err
+		}
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("cpu: %s: internal error: %v", op.Name, r)
+		}
+	}()
+	if aliased(in, out) && !inPlaceSafe(op, in, out) {
+		return b.execCopyOut(e, op, in, out)
+	}
+	return e.fn(b, op, in, out)
+}
+
+// checkTensor checks that t is a well-formed tensor in a live buffer large
+// enough for its meta.
+func checkTensor(op *kernels.Op, role string, i int, t *kernels.Tensor) error {
+	if t == nil {
+		return fmt.Errorf("%w: cpu: %s %s %d is nil", kernels.ErrArity, op.Name, role, i)
+	}
+	if !t.DType.Valid() {
+		return fmt.Errorf("%w: cpu: %s %s %d has dtype %v", kernels.ErrDType, op.Name, role, i, t.DType)
+	}
+	if len(t.Shape) > maxRank {
+		return fmt.Errorf("%w: cpu: %s %s %d has rank %d, over %d", kernels.ErrTooLarge, op.Name, role, i, len(t.Shape), maxRank)
+	}
+	n := 1
+	for _, d := range t.Shape {
+		if d < 0 {
+			return fmt.Errorf("%w: cpu: %s %s %d has shape %v", kernels.ErrShape, op.Name, role, i, t.Shape)
+		}
+		if d != 0 && n > maxAlloc/d {
+			return fmt.Errorf("%w: cpu: %s %s %d has shape %v", kernels.ErrTooLarge, op.Name, role, i, t.Shape)
+		}
+		n *= d
+	}
+	c, ok := t.Buf.(*Buffer)
+	if !ok || c == nil || c.data == nil {
+		return fmt.Errorf("cpu: %s %s %d: %w (%T)", op.Name, role, i, ErrForeignBuffer, t.Buf)
+	}
+	if need := n * t.DType.Size(); len(c.data) < need {
+		return fmt.Errorf("%w: cpu: %s %s %d: %v %v needs %d bytes, the buffer holds %d",
+			kernels.ErrShape, op.Name, role, i, t.DType, t.Shape, need, len(c.data))
+	}
+	return nil
+}
+
+// data returns the bytes of t's elements; t passed checkTensor.
+func data(t *kernels.Tensor) []byte {
+	return t.Buf.(*Buffer).data[:t.Numel()*t.DType.Size()]
+}
+
+func overlap(a, b []byte) bool {
+	if len(a) == 0 || len(b) == 0 {
+		return false
+	}
+	pa, pb := uintptr(unsafe.Pointer(&a[0])), uintptr(unsafe.Pointer(&b[0]))
+	return pa < pb+uintptr(len(b)) && pb < pa+uintptr(len(a))
+}
+
+func aliased(in, out []*kernels.Tensor) bool {
+	for _, o := range out {
+		od := data(o)
+		for _, i := range in {
+			if overlap(od, data(i)) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// inPlaceSafe reports whether op may write out while reading in although
+// they overlap: elementwise ops whose aliased inputs start where the output
+// starts and have its size and element size.
+func inPlaceSafe(op *kernels.Op, in, out []*kernels.Tensor) bool {
+	if !elementwise[op.Name] {
+		return false
+	}
+	for _, o := range out {
+		od := data(o)
+		for _, i := range in {
+			id := data(i)
+			if !overlap(od, id) {
+				continue
+			}
+			if &od[0] != &id[0] || len(od) != len(id) || o.DType.Size() != i.DType.Size() {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// execCopyOut runs op into fresh outputs and copies them over the real ones.
+func (b *Backend) execCopyOut(e entry, op *kernels.Op, in, out []*kernels.Tensor) error {
+	tmp := make([]*kernels.Tensor, len(out))
+	for i, o := range out {
+		tmp[i] = &kernels.Tensor{Meta: o.Meta, Buf: &Buffer{data: make([]byte, len(data(o)))}}
+	}
+	if err := e.fn(b, op, in, tmp); err != nil {
+		return err
+	}
+	for i, o := range out {
+		copy(data(o), data(tmp[i]))
+	}
+	return nil
+}
+
+// elementwise names the ops whose output element i depends only on input
+// elements i when no input is broadcast.
+var elementwise = map[string]bool{}
+
+func dtypeErr(op *kernels.Op, role string, i int, dt kernels.DType) error {
+	return fmt.Errorf("%w: cpu: %s %s %d is %v", kernels.ErrDType, op.Name, role, i, dt)
+}
+
+func shapeErr(op *kernels.Op, format string, args ...any) error {
+	return fmt.Errorf("%w: cpu: %s: %s", kernels.ErrShape, op.Name, fmt.Sprintf(format, args...))
+}

@@ -1,0 +1,28 @@
+// Package cpu is jetfabric's reference backend: every op of the kernels op
+// set, for every dtype its rule accepts, in pure Go. It is the default
+// device, and the oracle other backends are checked against.
+//
+// Buffers are host memory (Buffer.Host). Tensors are contiguous,
+// row-major and little-endian, as kernels says.
+//
+// # Numerics
+//
+// Results do not depend on the number of cores: work is split across
+// goroutines only along boundaries that do not change any summation order,
+// and floating-point sums are taken in fixed blocks whose partial sums are
+// combined in a fixed order, so an op gives the same bits on every machine
+// and on replay. float32 sums, means, products and variances accumulate in
+// float64; matrix products accumulate in the operands' dtype. float16 and
+// bfloat16 are computed in float32 and rounded once to the output dtype.
+// Integer arithmetic wraps; integer division truncates toward zero and
+// division by zero gives 0. Conversions from floats to integers truncate
+// toward zero and saturate, NaN giving 0. Random ops draw from
+// kernels.UniformAt and kernels.NormalAt in float64 and round the result.
+//
+// # Concurrency
+//
+// A Backend is used by one goroutine at a time, as kernels.Backend says.
+// Exec splits ops above about 32K elements across runtime.GOMAXPROCS
+// goroutines, which it starts and waits for; smaller ops run on the calling
+// goroutine and allocate nothing.
+package cpu

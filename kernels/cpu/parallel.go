@@ -1,0 +1,133 @@
+package cpu
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+	"unsafe"
+)
+
+// parallelMin is the number of cheap element operations below which an op
+// runs on the calling goroutine.
+const parallelMin = 1 << 15
+
+// maxRank is the highest rank the backend handles.
+const maxRank = 16
+
+// split returns how many goroutines should share n units of work when one
+// unit costs about cost cheap element operations: 1 below parallelMin,
+// else up to GOMAXPROCS, each with at least parallelMin/2 of work.
+func split(n, cost int) int {
+	work := n * max(cost, 1)
+	if work < parallelMin || n < 2 {
+		return 1
+	}
+	return max(1, min(runtime.GOMAXPROCS(0), work/(parallelMin/2), n))
+}
+
+// parallel runs f over w contiguous ranges covering [0, n), the first on
+// the calling goroutine, and waits for all of them. A panic in any range is
+// raised again on the calling goroutine.
+func parallel(n, w int, f func(lo, hi int)) {
+	if w <= 1 {
+		f(0, n)
+		return
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var perr any
+	for i := 1; i < w; i++ {
+		lo, hi := bound(n, w, i), bound(n, w, i+1)
+		wg.Go(func() {
+			defer func() {
+				if r := recover(); r != nil {
+					mu.Lock()
+					perr = r
+					mu.Unlock()
+				}
+			}()
+			f(lo, hi)
+		})
+	}
+	f(0, bound(n, w, 1))
+	wg.Wait()
+	if perr != nil {
+		panic(fmt.Sprint(perr))
+	}
+}
+
+// bound is the start of range i of w over [0, n), rounded to a multiple of
+// 16 elements so ranges do not share cache lines.
+func bound(n, w, i int) int {
+	if i >= w {
+		return n
+	}
+	b := int(int64(n) * int64(i) / int64(w))
+	if n >= 16*w {
+		b &^= 15
+	}
+	return b
+}
+
+// view returns b's first n elements as a []T; b must hold them and be
+// aligned for T.
+func view[T any](b []byte, n int) []T {
+	if n == 0 {
+		return nil
+	}
+	return unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(b))), n)
+}
+
+// scratch pools, to keep temporaries off the heap in steady state.
+var (
+	f64Pool  = sync.Pool{New: func() any { return new([]float64) }}
+	i64Pool  = sync.Pool{New: func() any { return new([]int64) }}
+	wordPool = sync.Pool{New: func() any { return new([]uint64) }}
+)
+
+func getF64(n int) *[]float64 {
+	p := f64Pool.Get().(*[]float64)
+	if cap(*p) < n {
+		*p = make([]float64, n)
+	}
+	*p = (*p)[:n]
+	return p
+}
+
+func getI64(n int) *[]int64 {
+	p := i64Pool.Get().(*[]int64)
+	if cap(*p) < n {
+		*p = make([]int64, n)
+	}
+	*p = (*p)[:n]
+	return p
+}
+
+// getBytes returns a pooled 8-byte-aligned scratch of n bytes and its
+// handle for putBytes.
+func getBytes(n int) ([]byte, *[]uint64) {
+	p := wordPool.Get().(*[]uint64)
+	w := (n + 7) / 8
+	if cap(*p) < w {
+		*p = make([]uint64, w)
+	}
+	*p = (*p)[:w]
+	if n == 0 {
+		return []byte{}, p
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&(*p)[0])), n), p
+}
+
+// asBytes returns the memory of x as bytes.
+func asBytes[T any](x []T) []byte {
+	if len(x) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(x))), len(x)*sizeOf[T]())
+}
+
+// sizeOf is the size of a T in bytes.
+func sizeOf[T any]() int {
+	var z T
+	return int(unsafe.Sizeof(z))
+}
