@@ -47,8 +47,16 @@ func failf(code, format string, args ...any) *opError {
 }
 
 // op runs op i of the frame. It reports whether the session was closed.
+// A panic in a backend is turned into an internal error for this op: a bug
+// in one kernel must not take the device down for every session.
 func (x *exec) op(i int, op *codec.Op) (closed bool) {
 	var err error
+	defer func() {
+		if p := recover(); p != nil {
+			x.failed(i, op, failf(codec.CodeInternal, "%s panicked: %v", op.Op, p))
+			closed = false
+		}
+	}()
 	switch op.Op {
 	case opUpload:
 		err = x.upload(op)
