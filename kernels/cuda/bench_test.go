@@ -1,0 +1,198 @@
+//go:build cgo && linux
+
+package cuda
+
+import (
+	"testing"
+
+	"github.com/jetfabric/jetfabric/kernels"
+)
+
+// deviceTime runs body b.N times (through b.Loop) between two timing
+// events on the stream and returns the device milliseconds per run. body
+// only queues work.
+func deviceTime(tb *testing.B, be *Backend, body func() error) float64 {
+	tb.Helper()
+	var start, end cuEvent
+	if err := be.do(func() error {
+		var err error
+		if start, err = eventCreate(true); err != nil {
+			return err
+		}
+		end, err = eventCreate(true)
+		return err
+	}); err != nil {
+		tb.Fatal(err)
+	}
+	defer func() {
+		_ = be.do(func() error {
+			_ = eventDestroy(start)
+			return eventDestroy(end)
+		})
+	}()
+	// Warm up: compile, load, pick cuBLAS algorithms.
+	for range 2 {
+		if err := body(); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	if err := be.Sync(); err != nil {
+		tb.Fatal(err)
+	}
+	n := 0
+	if err := be.do(func() error { return eventRecord(start, be.stream) }); err != nil {
+		tb.Fatal(err)
+	}
+	for tb.Loop() {
+		if err := body(); err != nil {
+			tb.Fatal(err)
+		}
+		n++
+	}
+	var ms float32
+	if err := be.do(func() error {
+		if err := eventRecord(end, be.stream); err != nil {
+			return err
+		}
+		if err := eventSync(end); err != nil {
+			return err
+		}
+		var err error
+		ms, err = eventElapsed(start, end)
+		return err
+	}); err != nil {
+		tb.Fatal(err)
+	}
+	return float64(ms) / float64(n)
+}
+
+// fill writes normal random numbers into x on the device.
+func fill(tb testing.TB, be *Backend, x *kernels.Tensor, key uint64) {
+	tb.Helper()
+	op := &kernels.Op{Name: kernels.OpNormal, Shape: x.Shape, DType: x.DType, Seed: 42, Key: key, Std: 1}
+	if err := be.Exec(op, nil, []*kernels.Tensor{x}); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// BenchmarkElementwise: a chain of 8 elementwise ops over 256 MiB of
+// float32 (x and a scalar in, one tensor out), fused into one kernel and
+// run op by op, and a device-to-device copy of the same 256 MiB in the
+// same run. GB/s counts the bytes that must move: x read once and the
+// result written once (for the copy: read and written once).
+func BenchmarkElementwise(b *testing.B) {
+	be := newBackend(b)
+	const n = 64 << 20 // 256 MiB of float32
+	bytes := float64(2 * 4 * n)
+	x := empty(b, be, kernels.Float32, n)
+	s := empty(b, be, kernels.Float32)
+	fill(b, be, x, 1)
+	fill(b, be, s, 2)
+	g := benchChain(false)
+	y := empty(b, be, kernels.Float32, n)
+	report := func(b *testing.B, ms float64) {
+		b.ReportMetric(bytes/(ms*1e-3)/1e9, "GB/s")
+		b.ReportMetric(ms, "ms/op")
+	}
+	b.Run("copy", func(b *testing.B) {
+		op := &kernels.Op{Name: kernels.OpReshape, Shape: []int{n}}
+		ms := deviceTime(b, be, func() error { return be.Exec(op, []*kernels.Tensor{x}, []*kernels.Tensor{y}) })
+		report(b, ms)
+	})
+	b.Run("fused8", func(b *testing.B) {
+		in, out := []*kernels.Tensor{x, s}, []*kernels.Tensor{y}
+		ms := deviceTime(b, be, func() error { return be.ExecFused(g, in, out) })
+		report(b, ms)
+	})
+	b.Run("unfused8", func(b *testing.B) {
+		vals := []*kernels.Tensor{x, s}
+		for range g.Ops {
+			vals = append(vals, empty(b, be, kernels.Float32, n))
+		}
+		ms := deviceTime(b, be, func() error {
+			for i, op := range g.Ops {
+				args := make([]*kernels.Tensor, len(op.Args))
+				for k, a := range op.Args {
+					args[k] = vals[a]
+				}
+				if err := be.Exec(&op.Op, args, []*kernels.Tensor{vals[g.Inputs+i]}); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		report(b, ms)
+	})
+	// The same chain with a row vector broadcast (strided kernel) and
+	// with a sum over rows fused at the end.
+	rows := []int{n / 1024, 1024}
+	xr := &kernels.Tensor{Meta: kernels.Meta{DType: kernels.Float32, Shape: rows}, Buf: x.Buf}
+	yr := &kernels.Tensor{Meta: kernels.Meta{DType: kernels.Float32, Shape: rows}, Buf: y.Buf}
+	row := empty(b, be, kernels.Float32, 1024)
+	fill(b, be, row, 3)
+	b.Run("fused8-rowbcast", func(b *testing.B) {
+		in, out := []*kernels.Tensor{xr, row}, []*kernels.Tensor{yr}
+		ms := deviceTime(b, be, func() error { return be.ExecFused(g, in, out) })
+		report(b, ms)
+	})
+	b.Run("fused8-rowsum", func(b *testing.B) {
+		gs := benchChain(true)
+		gs.Results = gs.Results[:1]
+		sum := empty(b, be, kernels.Float32, rows[0])
+		in, out := []*kernels.Tensor{xr, row}, []*kernels.Tensor{sum}
+		ms := deviceTime(b, be, func() error { return be.ExecFused(gs, in, out) })
+		b.ReportMetric(float64(4*n)/(ms*1e-3)/1e9, "GB/s")
+		b.ReportMetric(ms, "ms/op")
+	})
+}
+
+// BenchmarkMatmul: 8192x8192x8192 products on random data; TFLOP/s
+// counts 2*m*n*k.
+func BenchmarkMatmul(b *testing.B) {
+	const size = 8192
+	plain := newBackend(b)
+	tf32 := newBackend(b, WithTF32(true))
+	for _, c := range []struct {
+		name string
+		be   *Backend
+		dt   kernels.DType
+	}{
+		{"f32", plain, kernels.Float32},
+		{"tf32", tf32, kernels.Float32},
+		{"bf16", plain, kernels.BFloat16},
+		{"f16", plain, kernels.Float16},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			x := empty(b, c.be, c.dt, size, size)
+			y := empty(b, c.be, c.dt, size, size)
+			z := empty(b, c.be, c.dt, size, size)
+			fill(b, c.be, x, 4)
+			fill(b, c.be, y, 5)
+			op := &kernels.Op{Name: kernels.OpMatmul}
+			ms := deviceTime(b, c.be, func() error { return c.be.Exec(op, []*kernels.Tensor{x, y}, []*kernels.Tensor{z}) })
+			b.ReportMetric(2*size*size*size/(ms*1e-3)/1e12, "TFLOP/s")
+			b.ReportMetric(ms, "ms/op")
+		})
+	}
+}
+
+// BenchmarkExecOverhead: a tiny op, queued and not waited for; the cost of
+// one call through the device thread.
+func BenchmarkExecOverhead(b *testing.B) {
+	be := newBackend(b)
+	x := empty(b, be, kernels.Float32, 16)
+	y := empty(b, be, kernels.Float32, 16)
+	op := &kernels.Op{Name: kernels.OpNeg}
+	in, out := []*kernels.Tensor{x}, []*kernels.Tensor{y}
+	if err := be.Exec(op, in, out); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if err := be.Exec(op, in, out); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := be.Sync(); err != nil {
+		b.Fatal(err)
+	}
+}

@@ -1,0 +1,154 @@
+package cuda
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/jetfabric/jetfabric/kernels"
+)
+
+func isBinary(name string) bool { return slices.Contains(kernels.Binary, name) }
+
+// planOne plans a single elementwise op or reduction as a group of one.
+func planOne(op *kernels.Op, in []kernels.Meta) (*ewPlan, error) {
+	out, err := kernels.Infer(op, in, noLimits)
+	if err != nil {
+		return nil, err
+	}
+	args := make([]int, len(in))
+	for i := range args {
+		args[i] = i
+	}
+	g := &kernels.FusedGroup{Inputs: len(in), Ops: []kernels.FusedOp{{Op: *op, Args: args}}, Results: []int{len(in)}}
+	return planGroup(g, append(slices.Clone(in), out[0]), 132)
+}
+
+// benchChain is 8 elementwise ops on x and a row vector b: with reduce, a
+// sum over the last axis follows, and the value after the fourth op is
+// also written.
+func benchChain(reduce bool) *kernels.FusedGroup {
+	op := func(name string, args ...int) kernels.FusedOp {
+		return kernels.FusedOp{Op: kernels.Op{Name: name}, Args: args}
+	}
+	g := &kernels.FusedGroup{Inputs: 2, Ops: []kernels.FusedOp{
+		op(kernels.OpMul, 0, 1), // 2: x*b
+		op(kernels.OpAdd, 2, 0), // 3: x*b + x
+		op(kernels.OpRelu, 3),   // 4
+		op(kernels.OpSub, 4, 1), // 5
+		op(kernels.OpNeg, 5),    // 6
+		op(kernels.OpMul, 6, 6), // 7
+		op(kernels.OpAdd, 7, 1), // 8
+		op(kernels.OpTanh, 8),   // 9
+	}, Results: []int{9}}
+	if reduce {
+		g.Ops = append(g.Ops, kernels.FusedOp{Op: kernels.Op{Name: kernels.OpSum, Axes: []int{-1}}, Args: []int{9}})
+		g.Results = []int{10, 5}
+	}
+	return g
+}
+
+func TestBroadcastStrides(t *testing.T) {
+	for _, c := range []struct {
+		src, dst, want []int
+	}{
+		{[]int{3, 4}, []int{3, 4}, []int{4, 1}},
+		{[]int{4}, []int{3, 4}, []int{0, 1}},
+		{[]int{3, 1}, []int{3, 4}, []int{1, 0}},
+		{[]int{}, []int{3, 4}, []int{0, 0}},
+		{[]int{1, 1}, []int{1, 4}, []int{0, 0}},
+	} {
+		got, err := broadcastStrides(c.src, c.dst)
+		if err != nil || !slices.Equal(got, c.want) {
+			t.Errorf("broadcastStrides(%v, %v) = %v, %v; want %v", c.src, c.dst, got, err, c.want)
+		}
+	}
+	if _, err := broadcastStrides([]int{3}, []int{4}); err == nil {
+		t.Error("3 broadcast to 4")
+	}
+}
+
+func TestCollapse(t *testing.T) {
+	dims, st := collapse([]int{2, 3, 1, 4}, [][]int{{12, 4, 4, 1}, {0, 0, 0, 1}})
+	if !slices.Equal(dims, []int{6, 4}) || !slices.Equal(st[0], []int{4, 1}) || !slices.Equal(st[1], []int{0, 1}) {
+		t.Errorf("collapse = %v %v", dims, st)
+	}
+}
+
+func TestPlanKinds(t *testing.T) {
+	f32 := func(s ...int) kernels.Meta { return kernels.Meta{DType: kernels.Float32, Shape: s} }
+	p, err := planOne(&kernels.Op{Name: kernels.OpAdd}, []kernels.Meta{f32(8, 16), f32(8, 16)})
+	if err != nil || p.spec.rank != 0 || p.spec.leaves[0].kind != leafFull {
+		t.Fatalf("same shapes: %+v %v", p, err)
+	}
+	p, _ = planOne(&kernels.Op{Name: kernels.OpAdd}, []kernels.Meta{f32(8, 16), f32()})
+	if p.spec.rank != 0 || p.spec.leaves[1].kind != leafScalar {
+		t.Fatalf("scalar: %+v", p.spec)
+	}
+	p, _ = planOne(&kernels.Op{Name: kernels.OpAdd}, []kernels.Meta{f32(2, 8, 16), f32(16)})
+	if p.spec.rank != 2 || !slices.Equal(p.dims, []int{16, 16}) || !slices.Equal(p.strides[0], []int{0, 1}) {
+		t.Fatalf("row broadcast: %+v dims %v strides %v", p.spec, p.dims, p.strides)
+	}
+	p, _ = planOne(&kernels.Op{Name: kernels.OpSum, Axes: []int{1}}, []kernels.Meta{f32(64, 1000)})
+	if p.spec.red.mode != redBlockPerOut || p.O != 64 || p.R != 1000 {
+		t.Fatalf("row sum: %+v O %d R %d", p.spec.red, p.O, p.R)
+	}
+	p, _ = planOne(&kernels.Op{Name: kernels.OpSum, Axes: []int{0}}, []kernels.Meta{f32(1000, 64)})
+	if p.spec.red.mode != redThreadPerOut || p.O != 64 || p.R != 1000 || p.P < 2 {
+		t.Fatalf("column sum: %+v O %d R %d P %d", p.spec.red, p.O, p.R, p.P)
+	}
+	p, _ = planOne(&kernels.Op{Name: kernels.OpMax}, []kernels.Meta{f32(4, 5, 6)})
+	if p.O != 1 || p.R != 120 || len(p.rdims) != 1 {
+		t.Fatalf("full max: O %d R %d rdims %v", p.O, p.R, p.rdims)
+	}
+	// An output of another shape than the domain cannot be fused.
+	g := &kernels.FusedGroup{Inputs: 2, Ops: []kernels.FusedOp{
+		{Op: kernels.Op{Name: kernels.OpExp}, Args: []int{0}},
+		{Op: kernels.Op{Name: kernels.OpAdd}, Args: []int{2, 1}},
+	}, Results: []int{2, 3}}
+	vals, err := kernels.InferFused(g, []kernels.Meta{f32(16), f32(8, 16)}, noLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := planGroup(g, vals, 132); err == nil {
+		t.Error("mixed result shapes planned")
+	}
+}
+
+func TestPlanMatmul(t *testing.T) {
+	for _, c := range []struct {
+		a, b             []int
+		m, count, sA, sB int
+		calls            int
+	}{
+		{[]int{4, 5}, []int{5, 6}, 4, 1, 0, 0, 1},
+		{[]int{3, 4, 5}, []int{5, 6}, 12, 1, 0, 0, 1},     // folded
+		{[]int{5}, []int{3, 5, 6}, 1, 3, 0, 30, 1},        // A shared
+		{[]int{3, 4, 5}, []int{3, 5, 6}, 4, 3, 20, 30, 1}, // batched
+		{[]int{2, 1, 4, 5}, []int{1, 3, 5, 6}, 4, 3, 0, 30, 2},
+	} {
+		p, err := planMatmul(c.a, c.b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.m != c.m || p.count != c.count || p.sA != c.sA || p.sB != c.sB || len(p.calls) != c.calls {
+			t.Errorf("planMatmul(%v, %v) = %+v", c.a, c.b, p)
+		}
+	}
+}
+
+func TestRandomKey(t *testing.T) {
+	// kernels.Random(seed, key, i) == mix64(randomKey(seed, key) ^ i*K).
+	for i := uint64(0); i < 100; i++ {
+		if got, want := mix64(randomKey(7, 9)^(i*0xbf58476d1ce4e5b9)), kernels.Random(7, 9, i); got != want {
+			t.Fatalf("element %d: %x, want %x", i, got, want)
+		}
+	}
+}
+
+func TestSizeClass(t *testing.T) {
+	for n, want := range map[int]int{0: 512, 512: 512, 513: 640, 1000: 1024, 1 << 20: 1 << 20, 1<<20 + 1: 1<<20 + 1<<18} {
+		if got := sizeClass(n); got != want {
+			t.Errorf("sizeClass(%d) = %d, want %d", n, got, want)
+		}
+	}
+}
