@@ -9,7 +9,7 @@ IMAGE    ?= jetfabric:latest
 COMPOSE  ?= $(shell docker compose version >/dev/null 2>&1 && echo docker compose || echo docker-compose)
 SCALE    ?= 1
 
-.PHONY: all build build-gpu demo up test test-race test-nocgo test-gpu vet fmt-check fuzz bench lint tidy clean \
+.PHONY: all build build-gpu demo up test test-race test-nocgo test-gpu vet fmt-check fuzz bench lint tidy clean tools \
 	images compose-up compose-down test-e2e bench-scale
 
 all: build
@@ -50,6 +50,10 @@ test-e2e: images
 ## bench-scale: the same 32 jobs on 1, 2 and 4 worker containers, jobs/s
 bench-scale: images
 	JETFABRIC_E2E=1 JETFABRIC_IMAGE=$(IMAGE) $(GO) test -count=1 -run x -bench Scale -benchtime 3x -timeout 20m ./e2e
+
+## tools: the nats CLI, pinned in tools/go.mod, into $(go env GOPATH)/bin (the README's nats examples and their test)
+tools:
+	cd tools && GOBIN="$$($(GO) env GOPATH)/bin" $(GO) install github.com/nats-io/natscli/nats
 
 ## test: vet, format check, tests with -race, tests again without cgo
 test: vet fmt-check test-race test-nocgo
