@@ -124,6 +124,22 @@ func (n Names) Telemetry(device string) string { return n.prefix + ".telemetry."
 // TelemetryAll matches every device's telemetry.
 func (n Names) TelemetryAll() string { return n.prefix + ".telemetry.*" }
 
+// ServiceName is the NATS micro service every worker registers as, one
+// instance per worker: `nats micro list` shows them all.
+const ServiceName = "jetfabric-worker"
+
+// ServiceDevice is the prefix of a device's service endpoints:
+// fabric.svc.<device>.
+func (n Names) ServiceDevice(device string) string { return n.prefix + ".svc." + device }
+
+// ServiceInfo is the request subject answered with a device's registry
+// entry, fresh from its worker: fabric.svc.<device>.info.
+func (n Names) ServiceInfo(device string) string { return n.ServiceDevice(device) + ".info" }
+
+// ServiceHealth is the request subject answered with a device's health:
+// fabric.svc.<device>.health.
+func (n Names) ServiceHealth(device string) string { return n.ServiceDevice(device) + ".health" }
+
 // InboxPrefix is the prefix of client reply inboxes: _INBOX_fabric.
 // Deployments with permissions grant clients subscribe rights on it.
 func (n Names) InboxPrefix() string { return "_INBOX_" + n.prefix }

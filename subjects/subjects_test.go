@@ -17,6 +17,8 @@ func TestNames(t *testing.T) {
 		{n.OpsAll(), "fabric.ops.>"},
 		{n.Telemetry("gpu-0"), "fabric.telemetry.gpu-0"},
 		{n.InboxPrefix(), "_INBOX_fabric"},
+		{n.ServiceInfo("cpu-0"), "fabric.svc.cpu-0.info"},
+		{n.ServiceHealth("gpu-2"), "fabric.svc.gpu-2.health"},
 		{DeviceKey("cpu-1"), "device.cpu-1"},
 	} {
 		if c.got != c.want {

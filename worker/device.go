@@ -29,6 +29,8 @@ type device struct {
 	// sessionCount and applied are read by the heartbeat.
 	sessionCount atomic.Int64
 	applied      atomic.Uint64
+	// loopAt is when the loop last came round (unix ns), for health.
+	loopAt atomic.Int64
 
 	mu   sync.Mutex
 	iter jetstream.MessagesContext
@@ -83,6 +85,7 @@ func (d *device) run() {
 	it := d.iter
 	d.mu.Unlock()
 	idleCheck := time.Now()
+	d.loopAt.Store(idleCheck.UnixNano())
 	for {
 		msg, err := it.Next(jetstream.NextMaxWait(time.Second))
 		switch {
@@ -99,9 +102,10 @@ func (d *device) run() {
 			case <-time.After(100 * time.Millisecond):
 			}
 		}
-		if time.Since(idleCheck) > time.Second {
-			d.evictIdle(time.Now())
-			idleCheck = time.Now()
+		if now := time.Now(); now.Sub(idleCheck) > time.Second {
+			d.evictIdle(now)
+			idleCheck = now
+			d.loopAt.Store(now.UnixNano())
 		}
 	}
 }

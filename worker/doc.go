@@ -17,6 +17,11 @@
 // Fabric-Reply header, in the frame's encoding. Results larger than the
 // inline limit go through the FABRIC_XFER object store.
 //
+// Each worker registers as one instance of the NATS micro service
+// "jetfabric-worker" (see micro.go), its id and devices in the metadata,
+// with endpoints fabric.svc.<device>.info and fabric.svc.<device>.health,
+// so `nats micro list` and `nats micro info` show the fabric's workers.
+//
 // Sessions are freed when the client closes them or when they have been
 // idle past Config.IdleTimeout. Stop ends every device loop, marks the
 // devices stopped in the registry and waits for its goroutines.

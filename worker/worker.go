@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
 
 	"github.com/jetfabric/jetfabric/codec"
 	"github.com/jetfabric/jetfabric/objectstore"
@@ -26,6 +27,7 @@ type Worker struct {
 	xfer  *objectstore.Store
 
 	devices []*device
+	svc     micro.Service // see micro.go
 
 	stopOnce sync.Once
 	stop     chan struct{}
@@ -73,6 +75,10 @@ func (w *Worker) Start(ctx context.Context) error {
 		w.wg.Go(d.run)
 	}
 	w.wg.Go(w.heartbeat)
+	if err := w.startService(); err != nil {
+		w.Stop(context.Background())
+		return err
+	}
 	return nil
 }
 
@@ -103,6 +109,7 @@ func waitProvisioned(ctx context.Context, js jetstream.JetStream, names subjects
 // and waits for the worker's goroutines, or for ctx. Safe to call twice.
 func (w *Worker) Stop(ctx context.Context) error {
 	w.stopOnce.Do(func() {
+		w.stopService()
 		close(w.stop)
 		for _, d := range w.devices {
 			d.halt()
@@ -154,7 +161,19 @@ func (w *Worker) heartbeat() {
 }
 
 func (w *Worker) register(ctx context.Context, d *device, state string) error {
-	entry := codec.Device{
+	b, err := json.Marshal(w.entry(d, state))
+	if err != nil {
+		return err
+	}
+	if _, err := w.ctrl.Put(ctx, subjects.DeviceKey(d.cfg.Name), b); err != nil {
+		return fmt.Errorf("worker: register %s: %w", d.cfg.Name, err)
+	}
+	return nil
+}
+
+// entry is the device's registry entry as of now.
+func (w *Worker) entry(d *device, state string) codec.Device {
+	return codec.Device{
 		Name:     d.cfg.Name,
 		Kind:     d.cfg.Kind,
 		Backend:  d.cfg.Backend.Name(),
@@ -169,14 +188,6 @@ func (w *Worker) register(ctx context.Context, d *device, state string) error {
 		Applied:  d.applied.Load(),
 		State:    state,
 	}
-	b, err := json.Marshal(entry)
-	if err != nil {
-		return err
-	}
-	if _, err := w.ctrl.Put(ctx, subjects.DeviceKey(d.cfg.Name), b); err != nil {
-		return fmt.Errorf("worker: register %s: %w", d.cfg.Name, err)
-	}
-	return nil
 }
 
 func (w *Worker) logf(format string, args ...any) {

@@ -120,6 +120,9 @@ func TestREADMENatsCLI(t *testing.T) {
 			"Information for Stream FABRIC_OPS",     // nats stream info
 			"device.cpu-0",                          // nats kv ls
 			`"state":"serving"`,                     // nats kv get
+			"jetfabric-worker",                      // nats micro list, info
+			"fabric.svc.cpu-0.health",               // nats micro info
+			`"status":"ok"`,                         // nats req fabric.svc.cpu-0.health
 		} {
 			if !strings.Contains(out, want) {
 				t.Errorf("run %d: output lacks %q", run+1, want)
