@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -102,34 +103,40 @@ func (c *Client) publishFailed(_ jetstream.JetStream, m *nats.Msg, err error) {
 // Conn is the underlying NATS connection.
 func (c *Client) Conn() *nats.Conn { return c.nc }
 
-// Devices lists the registered devices, sorted by name.
+// Devices lists the registered devices, sorted by name. It lists the keys
+// from the bucket's stream state and reads each one, so an entry being
+// refreshed while it lists is never missed.
 func (c *Client) Devices(ctx context.Context) ([]Device, error) {
 	kv, err := c.js.KeyValue(ctx, c.names.CtrlBucket())
 	if err != nil {
 		return nil, fmt.Errorf("client: device registry %s: %w", c.names.CtrlBucket(), err)
 	}
-	w, err := kv.Watch(ctx, subjects.DeviceKeys, jetstream.IgnoreDeletes())
+	stream, err := c.js.Stream(ctx, c.names.CtrlStream())
 	if err != nil {
 		return nil, fmt.Errorf("client: device registry: %w", err)
 	}
-	defer w.Stop()
-	var devs []Device
-	for {
-		select {
-		case e := <-w.Updates():
-			if e == nil {
-				slices.SortFunc(devs, func(a, b Device) int { return compareNames(a.Name, b.Name) })
-				return devs, nil
-			}
-			var d Device
-			if err := json.Unmarshal(e.Value(), &d); err != nil {
-				return nil, fmt.Errorf("client: registry entry %s: %w", e.Key(), err)
-			}
-			devs = append(devs, d)
-		case <-ctx.Done():
-			return nil, fmt.Errorf("client: device registry: %w", ctx.Err())
-		}
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(c.names.CtrlSubject(subjects.DeviceKeys)))
+	if err != nil {
+		return nil, fmt.Errorf("client: device registry: %w", err)
 	}
+	prefix := c.names.CtrlSubject("")
+	var devs []Device
+	for subj := range info.State.Subjects {
+		key := strings.TrimPrefix(subj, prefix)
+		e, err := kv.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+			continue
+		} else if err != nil {
+			return nil, fmt.Errorf("client: registry entry %s: %w", key, err)
+		}
+		var d Device
+		if err := json.Unmarshal(e.Value(), &d); err != nil {
+			return nil, fmt.Errorf("client: registry entry %s: %w", key, err)
+		}
+		devs = append(devs, d)
+	}
+	slices.SortFunc(devs, func(a, b Device) int { return compareNames(a.Name, b.Name) })
+	return devs, nil
 }
 
 // compareNames orders cpu-2 before cpu-10.

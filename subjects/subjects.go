@@ -195,3 +195,10 @@ func ValidateSession(session string) error {
 // BenchEcho is the core NATS subject of the raw request/reply responder
 // that `jetfabric bench` measures the fabric against.
 func (n Names) BenchEcho() string { return n.prefix + ".bench.echo" }
+
+// CtrlStream is the stream behind the control bucket: KV_FABRIC_CTRL.
+func (n Names) CtrlStream() string { return "KV_" + n.CtrlBucket() }
+
+// CtrlSubject is the stream subject of a control bucket key:
+// $KV.FABRIC_CTRL.<key>. Fenced writes name it.
+func (n Names) CtrlSubject(key string) string { return "$KV." + n.CtrlBucket() + "." + key }
