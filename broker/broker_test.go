@@ -37,8 +37,10 @@ func TestStartProvisionsEverything(t *testing.T) {
 	if _, err := js.KeyValue(ctx, "FABRIC_CTRL"); err != nil {
 		t.Error(err)
 	}
-	if _, err := js.ObjectStore(ctx, "FABRIC_XFER"); err != nil {
-		t.Error(err)
+	for _, b := range []string{"FABRIC_XFER", "FABRIC_CKPT"} {
+		if _, err := js.ObjectStore(ctx, b); err != nil {
+			t.Error(err)
+		}
 	}
 	if err := broker.WaitProvisioned(ctx, js, b.Names()); err != nil {
 		t.Error(err)

@@ -57,6 +57,15 @@ func ProvisionStreams(ctx context.Context, js jetstream.JetStream, names subject
 	if err != nil {
 		return fmt.Errorf("broker: provision bucket %s: %w", names.XferBucket(), err)
 	}
+	_, err = js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
+		Bucket:      names.CkptBucket(),
+		Description: "jetfabric device checkpoints: every session's tensors at a stream sequence",
+		Storage:     jetstream.FileStorage,
+		Replicas:    p.Replicas,
+	})
+	if err != nil {
+		return fmt.Errorf("broker: provision bucket %s: %w", names.CkptBucket(), err)
+	}
 	return nil
 }
 
@@ -85,11 +94,13 @@ func checkProvisioned(ctx context.Context, js jetstream.JetStream, names subject
 	if _, err := js.KeyValue(cctx, names.CtrlBucket()); err != nil {
 		return fmt.Errorf("bucket %s: %w", names.CtrlBucket(), err)
 	}
-	if _, err := js.ObjectStore(cctx, names.XferBucket()); err != nil {
-		if errors.Is(err, jetstream.ErrBucketNotFound) {
-			return fmt.Errorf("bucket %s: %w", names.XferBucket(), err)
+	for _, b := range []string{names.XferBucket(), names.CkptBucket()} {
+		if _, err := js.ObjectStore(cctx, b); err != nil {
+			if errors.Is(err, jetstream.ErrBucketNotFound) {
+				return fmt.Errorf("bucket %s: %w", b, err)
+			}
+			return err
 		}
-		return err
 	}
 	return nil
 }

@@ -13,6 +13,7 @@ package subjects
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -202,3 +203,13 @@ func (n Names) CtrlStream() string { return "KV_" + n.CtrlBucket() }
 // CtrlSubject is the stream subject of a control bucket key:
 // $KV.FABRIC_CTRL.<key>. Fenced writes name it.
 func (n Names) CtrlSubject(key string) string { return "$KV." + n.CtrlBucket() + "." + key }
+
+// CkptBucket is the object bucket holding device checkpoints: FABRIC_CKPT.
+// Unlike FABRIC_XFER its objects do not expire; each is deleted when the
+// next checkpoint of its device commits.
+func (n Names) CkptBucket() string { return n.upper + "_CKPT" }
+
+// CheckpointObject names the checkpoint of device taken at stream sequence seq.
+func CheckpointObject(device string, seq uint64) string {
+	return "ckpt-" + device + "-" + strconv.FormatUint(seq, 10)
+}
