@@ -31,6 +31,7 @@ type device struct {
 	applied      atomic.Uint64
 	// loopAt is when the loop last came round (unix ns), for health.
 	loopAt atomic.Int64
+	m      metrics
 
 	mu   sync.Mutex
 	iter jetstream.MessagesContext
@@ -125,6 +126,7 @@ func (d *device) close() {
 		delete(d.sessions, id)
 	}
 	d.sessionCount.Store(0)
+	d.m.tensorBytes.Store(0)
 	if c, ok := d.cfg.Backend.(io.Closer); ok {
 		_ = c.Close()
 	}
@@ -137,6 +139,7 @@ func (d *device) evictIdle(now time.Time) {
 	}
 	for id, s := range d.sessions {
 		if now.Sub(s.last) > limit {
+			d.m.tensorBytes.Add(-s.bytes)
 			d.w.logf("worker: %s: session %s idle for %v, freeing %d tensors", d.cfg.Name, id, now.Sub(s.last).Round(time.Second), len(s.tensors))
 			s.freeAll(d.cfg.Backend)
 			delete(d.sessions, id)
@@ -150,6 +153,7 @@ func (d *device) handle(msg jetstream.Msg) {
 	var seq uint64
 	if md, err := msg.Metadata(); err == nil {
 		seq = md.Sequence.Stream
+		d.m.pending.Store(md.NumPending)
 	}
 	if seq != 0 && seq <= d.applied.Load() {
 		return // already applied
@@ -159,6 +163,8 @@ func (d *device) handle(msg jetstream.Msg) {
 	reply := hdr.Get(subjects.HeaderReply)
 	enc, encErr := codec.EncodingOf(hdr.Get(subjects.HeaderContentType))
 	fail := func(code, format string, args ...any) codec.Error {
+		d.m.countError(code)
+		d.m.frames.Add(1)
 		e := codec.Error{Seq: seq, Code: code, Message: fmt.Sprintf(format, args...)}
 		d.reply(reply, enc, &codec.Result{V: codec.Version, Seq: seq, Errors: []codec.Error{e}})
 		return e
@@ -196,12 +202,15 @@ func (d *device) handle(msg jetstream.Msg) {
 		return
 	}
 	x := exec{d: d, s: s, seq: seq, reply: reply, enc: enc}
-	for i := range frame.Ops {
-		if x.op(i, &frame.Ops[i]) {
-			delete(d.sessions, sid)
-			d.sessionCount.Store(int64(len(d.sessions)))
-			return
-		}
+	start, mem, n, closed := time.Now(), s.bytes, 0, false
+	for n < len(frame.Ops) && !closed {
+		closed = x.op(n, &frame.Ops[n])
+		n++
+	}
+	d.m.frameDone(n, time.Since(start), s.bytes-mem, &x.io)
+	if closed {
+		delete(d.sessions, sid)
+		d.sessionCount.Store(int64(len(d.sessions)))
 	}
 }
 

@@ -32,6 +32,14 @@ type exec struct {
 	seq   uint64
 	reply string
 	enc   codec.Encoding
+	io    ioCount // bytes moved by this frame, for metrics
+}
+
+// pend records a new error of the session, reported on its next read or
+// sync, and counts it.
+func (x *exec) pend(e codec.Error) {
+	x.d.m.countError(e.Code)
+	x.s.pending = append(x.s.pending, e)
 }
 
 // opError is an op failure with its wire code.
@@ -99,7 +107,7 @@ func (x *exec) failed(i int, op *codec.Op, err error) {
 		}
 		return
 	}
-	x.s.pending = append(x.s.pending, e)
+	x.pend(e)
 	for _, id := range op.Out {
 		if _, taken := x.s.tensors[id]; !taken {
 			x.s.tensors[id] = entry{fail: &e}
@@ -298,6 +306,11 @@ func (x *exec) upload(op *codec.Op) error {
 		return err
 	}
 	x.s.tensors[op.Out[0]] = entry{t: t}
+	if op.Object != "" {
+		x.io.inObject += uint64(len(data))
+	} else {
+		x.io.inInline += uint64(len(data))
+	}
 	return nil
 }
 
@@ -321,7 +334,7 @@ func (x *exec) fetch(name string, size int) ([]byte, error) {
 
 func (x *exec) answer(i int, op *codec.Op, r *codec.Result) {
 	if x.reply == "" {
-		x.s.pending = append(x.s.pending, codec.Error{Seq: x.seq, Index: i, Op: op.Op, Code: codec.CodeAttr,
+		x.pend(codec.Error{Seq: x.seq, Index: i, Op: op.Op, Code: codec.CodeAttr,
 			Message: "a " + op.Op + " needs a Fabric-Reply header to answer on"})
 		return
 	}
@@ -332,7 +345,7 @@ func (x *exec) answer(i int, op *codec.Op, r *codec.Result) {
 func (x *exec) sync(i int, op *codec.Op) {
 	r := &codec.Result{}
 	if err := x.d.cfg.Backend.Sync(); err != nil {
-		x.s.pending = append(x.s.pending, codec.Error{Seq: x.seq, Index: i, Op: op.Op, Code: codec.CodeInternal, Message: err.Error()})
+		x.pend(codec.Error{Seq: x.seq, Index: i, Op: op.Op, Code: codec.CodeInternal, Message: err.Error()})
 	}
 	r.Errors = x.s.takeErrors(nil)
 	x.answer(i, op, r)
@@ -341,7 +354,7 @@ func (x *exec) sync(i int, op *codec.Op) {
 func (x *exec) read(i int, op *codec.Op) {
 	r := &codec.Result{}
 	if len(op.In) != 1 {
-		x.s.pending = append(x.s.pending, codec.Error{Seq: x.seq, Index: i, Op: op.Op, Code: codec.CodeArity,
+		x.pend(codec.Error{Seq: x.seq, Index: i, Op: op.Op, Code: codec.CodeArity,
 			Message: fmt.Sprintf("read takes 1 tensor, got %d", len(op.In))})
 		r.Errors = x.s.takeErrors(nil)
 		x.answer(i, op, r)
@@ -355,13 +368,14 @@ func (x *exec) read(i int, op *codec.Op) {
 			cause = fe.cause
 		} else {
 			cause = &codec.Error{Seq: x.seq, Index: i, Op: op.Op, Code: codeOf(err), Message: err.Error()}
+			x.d.m.countError(cause.Code)
 		}
 		r.Errors = x.s.takeErrors(cause)
 		x.answer(i, op, r)
 		return
 	}
 	if r.Tensor, err = x.tensorData(t); err != nil {
-		x.s.pending = append(x.s.pending, codec.Error{Seq: x.seq, Index: i, Op: op.Op, Code: codeOf(err), Message: err.Error()})
+		x.pend(codec.Error{Seq: x.seq, Index: i, Op: op.Op, Code: codeOf(err), Message: err.Error()})
 	}
 	r.Errors = x.s.takeErrors(nil)
 	x.answer(i, op, r)
@@ -379,6 +393,7 @@ func (x *exec) tensorData(t *kernels.Tensor) (*codec.Tensor, error) {
 	}
 	if len(data) <= x.d.w.cfg.Limits.InlineBytes {
 		td.Data = data
+		x.io.outInline += uint64(len(data))
 		if x.enc == codec.JSON {
 			td.Values = finiteValues(t.DType, data)
 		}
@@ -392,6 +407,7 @@ func (x *exec) tensorData(t *kernels.Tensor) (*codec.Tensor, error) {
 		return nil, failf(codec.CodeUnavailabe, "store result: %v", err)
 	}
 	td.Object, td.SHA256 = info.Name, info.SHA256
+	x.io.outObject += uint64(len(data))
 	return td, nil
 }
 

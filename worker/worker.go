@@ -132,6 +132,9 @@ func (w *Worker) Stop(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// ID is the worker's id in the registry and in its service metadata.
+func (w *Worker) ID() string { return w.cfg.ID }
+
 // Devices lists the names of the devices this worker serves.
 func (w *Worker) Devices() []string {
 	names := make([]string, len(w.devices))

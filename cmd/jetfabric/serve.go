@@ -27,6 +27,7 @@ func runBroker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := flag.NewFlagSet("broker", flag.ContinueOnError)
 	var bf brokerFlags
 	bf.register(fs, "127.0.0.1:4222")
+	metrics := fs.String("metrics", "", metricsFlagHelp)
 	if err := parse(fs, args, stderr); err != nil {
 		return err
 	}
@@ -38,6 +39,12 @@ func runBroker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
+	stopMetrics, err := serveMetrics(*metrics, stderr, b)
+	if err != nil {
+		_ = shutdown(b, nil)
+		return err
+	}
+	defer stopMetrics()
 	fmt.Fprintf(stdout, "jetfabric broker ready: clients %s, monitoring %s, store %s\n", b.ClientURL(), b.MonitorURL(), cfg.StoreDir)
 	<-ctx.Done()
 	fmt.Fprintf(stdout, "jetfabric broker: shutting down\n")
@@ -77,6 +84,7 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	var wf workerFlags
 	cf.register(fs, envOr("JETFABRIC_URL", nats.DefaultURL))
 	wf.register(fs)
+	metrics := fs.String("metrics", "", metricsFlagHelp)
 	claim := fs.String("claim", "", "claim the first -cpus free slots of this kind (cpu: cpu-N) instead of naming devices; for replicas of one service")
 	if err := parse(fs, args, stderr); err != nil {
 		return err
@@ -109,6 +117,12 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
+	stopMetrics, err := serveMetrics(*metrics, stderr, w)
+	if err != nil {
+		_ = shutdown(nil, w)
+		return err
+	}
+	defer stopMetrics()
 	fmt.Fprintf(stdout, "jetfabric worker %s serving %v on %s\n", cfg.ID, w.Devices(), cf.url)
 	<-ctx.Done()
 	fmt.Fprintf(stdout, "jetfabric worker: stopping\n")
@@ -121,6 +135,7 @@ func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var wf workerFlags
 	bf.register(fs, "127.0.0.1:4222")
 	wf.register(fs)
+	metrics := fs.String("metrics", "", metricsFlagHelp+": the broker's and the worker's")
 	if err := parse(fs, args, stderr); err != nil {
 		return err
 	}
@@ -128,6 +143,12 @@ func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	stopMetrics, err := serveMetrics(*metrics, stderr, f.b, f.w)
+	if err != nil {
+		_ = f.close()
+		return err
+	}
+	defer stopMetrics()
 	fmt.Fprintf(stdout, "jetfabric up: clients %s, monitoring %s, devices %v\n", f.b.ClientURL(), f.b.MonitorURL(), f.w.Devices())
 	<-ctx.Done()
 	fmt.Fprintf(stdout, "jetfabric up: shutting down\n")

@@ -1,0 +1,141 @@
+package worker
+
+import (
+	"io"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/jetfabric/jetfabric/codec"
+	"github.com/jetfabric/jetfabric/internal/prom"
+)
+
+// errorCodes are the wire error codes counted per device, in exposition order.
+var errorCodes = [...]string{
+	codec.CodeMalformed, codec.CodeVersion, codec.CodeUnknownOp, codec.CodeArity, codec.CodeShape,
+	codec.CodeDType, codec.CodeAttr, codec.CodeUnknownID, codec.CodeFailedID, codec.CodeDuplicate,
+	codec.CodeTooLarge, codec.CodeLimit, codec.CodeInternal, codec.CodeUnavailabe,
+}
+
+// metrics are one device's counters. The device loop updates them once a
+// frame (a frame carries up to thousands of ops), and once an error: a few
+// uncontended atomic adds, nothing per op. The metrics endpoint reads them
+// from another goroutine.
+type metrics struct {
+	frames    atomic.Uint64
+	ops       atomic.Uint64
+	execNanos atomic.Uint64
+	errors    [len(errorCodes)]atomic.Uint64
+	// bytes moved in (uploads) and out (reads), inline in frames and
+	// results or through the object store.
+	inInline, inObject, outInline, outObject atomic.Uint64
+	// tensorBytes is the tensor memory of every session on the device.
+	tensorBytes atomic.Int64
+	// pending is the number of the device's frames in the stream after
+	// the last one handled, as JetStream counted when it delivered it.
+	pending atomic.Uint64
+}
+
+// ioCount is what one frame moved; the device loop adds it to metrics at
+// the end of the frame.
+type ioCount struct {
+	inInline, inObject, outInline, outObject uint64
+}
+
+// frameDone records a frame of n ops that ran for took, changed the
+// tensor memory by dmem and moved c.
+func (m *metrics) frameDone(n int, took time.Duration, dmem int64, c *ioCount) {
+	m.frames.Add(1)
+	m.ops.Add(uint64(n))
+	m.execNanos.Add(uint64(took))
+	if dmem != 0 {
+		m.tensorBytes.Add(dmem)
+	}
+	if *c != (ioCount{}) {
+		m.inInline.Add(c.inInline)
+		m.inObject.Add(c.inObject)
+		m.outInline.Add(c.outInline)
+		m.outObject.Add(c.outObject)
+	}
+}
+
+// countError counts one error by its wire code (unknown codes count as
+// internal).
+func (m *metrics) countError(code string) {
+	m.errors[codeIndex(code)].Add(1)
+}
+
+func codeIndex(code string) int {
+	for i, c := range errorCodes {
+		if c == code {
+			return i
+		}
+	}
+	return codeIndex(codec.CodeInternal)
+}
+
+// WriteMetrics writes the worker's metrics in the Prometheus text
+// exposition format (version 0.0.4): per device, frames and ops executed,
+// errors by code, execution time, bytes moved, sessions, tensor memory,
+// the applied stream sequence and the frames still queued.
+func (w *Worker) WriteMetrics(out io.Writer) error {
+	now := time.Now()
+	p := prom.NewWriter(out)
+	p.Family("jetfabric_worker_info", "gauge", "The worker: its id and host; always 1.")
+	p.Sample("jetfabric_worker_info", prom.Labels("worker", w.cfg.ID, "host", hostname()), 1)
+
+	type series struct {
+		name, typ, help string
+		value           func(d *device) float64
+	}
+	for _, s := range []series{
+		{"jetfabric_device_frames_total", "counter", "Frames executed (decodable or not).",
+			func(d *device) float64 { return float64(d.m.frames.Load()) }},
+		{"jetfabric_device_ops_total", "counter", "Ops executed, failed ones included.",
+			func(d *device) float64 { return float64(d.m.ops.Load()) }},
+		{"jetfabric_device_exec_seconds_total", "counter", "Time spent executing frames: kernels and the worker's own op handling.",
+			func(d *device) float64 { return float64(d.m.execNanos.Load()) / 1e9 }},
+		{"jetfabric_device_sessions", "gauge", "Live sessions.",
+			func(d *device) float64 { return float64(d.sessionCount.Load()) }},
+		{"jetfabric_device_tensor_bytes", "gauge", "Tensor memory held by the device's sessions.",
+			func(d *device) float64 { return float64(d.m.tensorBytes.Load()) }},
+		{"jetfabric_device_applied_sequence", "gauge", "FABRIC_OPS stream sequence of the last frame the device applied.",
+			func(d *device) float64 { return float64(d.applied.Load()) }},
+		{"jetfabric_device_lag_frames", "gauge", "The device's frames in the stream after the last one handled (JetStream's count at its delivery).",
+			func(d *device) float64 { return float64(d.m.pending.Load()) }},
+		{"jetfabric_device_loop_age_seconds", "gauge", "Time since the device loop last came round (at most about 1 s when healthy).",
+			func(d *device) float64 { return now.Sub(time.Unix(0, d.loopAt.Load())).Seconds() }},
+	} {
+		p.Family(s.name, s.typ, s.help)
+		for _, d := range w.devices {
+			p.Sample(s.name, prom.Labels("device", d.cfg.Name), s.value(d))
+		}
+	}
+
+	p.Family("jetfabric_device_errors_total", "counter", "Op and frame errors by wire code (docs/PROTOCOL.md).")
+	for _, d := range w.devices {
+		for i, code := range errorCodes {
+			p.Sample("jetfabric_device_errors_total", prom.Labels("device", d.cfg.Name, "code", code), float64(d.m.errors[i].Load()))
+		}
+	}
+	p.Family("jetfabric_device_bytes_total", "counter", "Tensor bytes moved: in by uploads, out by reads; inline in frames and results, or through the object store.")
+	for _, d := range w.devices {
+		for _, b := range []struct {
+			dir, path string
+			v         *atomic.Uint64
+		}{{"in", "inline", &d.m.inInline}, {"in", "object", &d.m.inObject}, {"out", "inline", &d.m.outInline}, {"out", "object", &d.m.outObject}} {
+			p.Sample("jetfabric_device_bytes_total", prom.Labels("device", d.cfg.Name, "direction", b.dir, "path", b.path), float64(b.v.Load()))
+		}
+	}
+	return p.Flush()
+}
+
+// MetricsHandler serves WriteMetrics over HTTP, for /metrics.
+func (w *Worker) MetricsHandler() http.Handler {
+	return http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+		rw.Header().Set("Content-Type", prom.ContentType)
+		if err := w.WriteMetrics(rw); err != nil {
+			w.logf("worker: metrics: %v", err)
+		}
+	})
+}
