@@ -40,23 +40,36 @@ func (b *Backend) binary(k binKernels, op *kernels.Op, in, out []*kernels.Tensor
 	if y.DType != x.DType {
 		return dtypeErr(op, "output", 0, y.DType)
 	}
-	bc, ok := newBcast(y.Shape, x.Shape, z.Shape)
-	if !ok {
-		return shapeErr(op, "inputs %v and %v do not broadcast to output %v", x.Shape, z.Shape, y.Shape)
+	// The common cases skip the broadcast plan: equal shapes, or a scalar
+	// and an operand shaped like the output.
+	var bc bcast
+	m := vv
+	nx, nz, n := x.Numel(), z.Numel(), y.Numel()
+	switch {
+	case sameShape(x.Shape, y.Shape) && sameShape(z.Shape, y.Shape):
+	case nz == 1 && len(z.Shape) <= len(y.Shape) && sameShape(x.Shape, y.Shape):
+		m = vs
+	case nx == 1 && len(x.Shape) <= len(y.Shape) && sameShape(z.Shape, y.Shape):
+		m = sv
+	default:
+		var ok bool
+		if bc, ok = newBcast(y.Shape, x.Shape, z.Shape); !ok {
+			return shapeErr(op, "inputs %v and %v do not broadcast to output %v", x.Shape, z.Shape, y.Shape)
+		}
+		m = walk
 	}
 	xd, zd, yd := data(x), data(z), data(y)
-	nx, nz, n := x.Numel(), z.Numel(), bc.n
 	switch x.DType {
 	case kernels.Float32:
-		return binaryRun(op, k.f32, &bc, view[float32](yd, n), view[float32](xd, nx), view[float32](zd, nz))
+		return binaryRun(op, k.f32, m, &bc, view[float32](yd, n), view[float32](xd, nx), view[float32](zd, nz))
 	case kernels.Float64:
-		return binaryRun(op, k.f64, &bc, view[float64](yd, n), view[float64](xd, nx), view[float64](zd, nz))
+		return binaryRun(op, k.f64, m, &bc, view[float64](yd, n), view[float64](xd, nx), view[float64](zd, nz))
 	case kernels.Int32:
-		return binaryRun(op, k.i32, &bc, view[int32](yd, n), view[int32](xd, nx), view[int32](zd, nz))
+		return binaryRun(op, k.i32, m, &bc, view[int32](yd, n), view[int32](xd, nx), view[int32](zd, nz))
 	case kernels.Int64:
-		return binaryRun(op, k.i64, &bc, view[int64](yd, n), view[int64](xd, nx), view[int64](zd, nz))
+		return binaryRun(op, k.i64, m, &bc, view[int64](yd, n), view[int64](xd, nx), view[int64](zd, nz))
 	case kernels.Uint8:
-		return binaryRun(op, k.u8, &bc, view[uint8](yd, n), view[uint8](xd, nx), view[uint8](zd, nz))
+		return binaryRun(op, k.u8, m, &bc, view[uint8](yd, n), view[uint8](xd, nx), view[uint8](zd, nz))
 	case kernels.Float16, kernels.BFloat16:
 		if k.f32 == nil {
 			return dtypeErr(op, "input", 0, x.DType)
@@ -66,31 +79,44 @@ func (b *Backend) binary(k binKernels, op *kernels.Op, in, out []*kernels.Tensor
 	return dtypeErr(op, "input", 0, x.DType)
 }
 
-// binaryRun runs k over the broadcast bc, in parallel when it is large.
-func binaryRun[T, U any](op *kernels.Op, k kern2[T, U], bc *bcast, y []U, a, b []T) error {
+// binaryRun runs k over y in mode m, or over the broadcast bc if m is
+// walk, in parallel when y is large.
+func binaryRun[T, U any](op *kernels.Op, k kern2[T, U], m mode, bc *bcast, y []U, a, b []T) error {
 	if k == nil {
 		return dtypeErr(op, "input", 0, dtypeOf[T]())
 	}
-	if bc.n == 0 {
+	n := len(y)
+	if n == 0 {
 		return nil
 	}
-	m := bc.mode()
-	if bc.rank <= 1 { // same shapes, or a scalar operand: one flat run
-		if w := split(bc.n, 1); w > 1 {
-			sa, sb := bc.st[0][0], bc.st[1][0]
-			parallel(bc.n, w, func(lo, hi int) { k(y[lo:hi], a[lo*sa:], b[lo*sb:], m) })
+	flat := m
+	if m == walk && bc.rank <= 1 { // one flat run after merging dims
+		flat = bc.mode()
+	}
+	if flat != walk {
+		if w := split(n, 1); w > 1 {
+			sa, sb := b2i(flat == vv || flat == vs), b2i(flat == vv || flat == sv)
+			parallel(n, w, func(lo, hi int) { k(y[lo:hi], a[lo*sa:], b[lo*sb:], flat) })
 			return nil
 		}
-		k(y, a, b, m)
+		k(y, a, b, flat)
 		return nil
 	}
-	if w := split(bc.n, 1); w > 1 {
+	inner := bc.mode()
+	if w := split(n, 1); w > 1 {
 		bb := *bc // a copy, so that bc itself stays on the caller's stack
-		parallel(bc.n, w, func(lo, hi int) { binaryWalk(k, &bb, m, y, a, b, lo, hi) })
+		parallel(n, w, func(lo, hi int) { binaryWalk(k, &bb, inner, y, a, b, lo, hi) })
 		return nil
 	}
-	binaryWalk(k, bc, m, y, a, b, 0, bc.n)
+	binaryWalk(k, bc, inner, y, a, b, 0, n)
 	return nil
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func binaryWalk[T, U any](k kern2[T, U], bc *bcast, m mode, y []U, a, b []T, lo, hi int) {

@@ -119,6 +119,7 @@ const (
 	vs             // the first advances, the second is one scalar
 	sv             // the first is a scalar, the second advances
 	ss             // both scalars
+	walk           // not a mode of a run: the operands need a broadcast walk
 )
 
 func (bc *bcast) mode() mode {

@@ -234,13 +234,7 @@ func reduceFloat[T float](rd red, corr float64, p *redPlan, x, y []T, yi []int64
 	case lRows:
 		rowsFloat(rd, corr, x, y, yi, p.k, p.r)
 	case lColumns:
-		chunks := (k2 + colChunk - 1) / colChunk
-		tasks := k1 * chunks
-		if r := p.r; split(tasks, r*min(k2, colChunk)) > 1 {
-			parallel(tasks, split(tasks, r*min(k2, colChunk)), func(lo, hi int) { colsFloat(rd, x, y, lo, hi, r, k2) })
-			return
-		}
-		colsFloat(rd, x, y, 0, tasks, p.r, k2)
+		columns[T, float64](rd, x, y, k1, p.r, k2)
 	}
 }
 
@@ -257,21 +251,19 @@ func reduceInt[T integer](rd red, p *redPlan, x, y []T, yi []int64) {
 	case lRows:
 		rowsInt(rd, x, y, yi, p.k, p.r)
 	case lColumns:
-		chunks := (k2 + colChunk - 1) / colChunk
-		tasks := k1 * chunks
-		if r := p.r; split(tasks, r*min(k2, colChunk)) > 1 {
-			parallel(tasks, split(tasks, r*min(k2, colChunk)), func(lo, hi int) { colsInt(rd, x, y, lo, hi, r, k2) })
-			return
-		}
-		colsInt(rd, x, y, 0, tasks, p.r, k2)
+		columns[T, int64](rd, x, y, k1, p.r, k2)
 	}
 }
 
-// colChunk is how many columns a column task accumulates at once.
-const colChunk = 256
-
 // rowsFloat reduces the k rows of length r of x.
 func rowsFloat[T float](rd red, corr float64, x, y []T, yi []int64, k, r int) {
+	if r == 1 && rd.columns() { // nothing to reduce
+		x = x[:len(y)]
+		for i, v := range x {
+			y[i] = v
+		}
+		return
+	}
 	if w := split(k, r*rd.cost()); w > 1 && k >= w {
 		parallel(k, w, func(lo, hi int) { rowsFloatRange(rd, corr, x, y, yi, r, lo, hi, false) })
 		return
@@ -347,8 +339,11 @@ const (
 func blocked[T float](x []T, par bool, kind int, c float64) float64 {
 	nb := (len(x) + redBlock - 1) / redBlock
 	if !par || nb < 4 {
-		s := 0.0
-		for lo := 0; lo < len(x); lo += redBlock {
+		if len(x) <= redBlock {
+			return block(x, kind, c)
+		}
+		s := block(x[:redBlock], kind, c)
+		for lo := redBlock; lo < len(x); lo += redBlock {
 			s += block(x[lo:min(lo+redBlock, len(x))], kind, c)
 		}
 		return s
@@ -361,8 +356,8 @@ func blocked[T float](x []T, par bool, kind int, c float64) float64 {
 			parts[i] = block(x[i*redBlock:min((i+1)*redBlock, len(x))], kind, c)
 		}
 	})
-	s := 0.0
-	for _, v := range parts {
+	s := parts[0]
+	for _, v := range parts[1:] {
 		s += v
 	}
 	return s
@@ -378,18 +373,19 @@ func block[T float](x []T, kind int, c float64) float64 {
 	return sumBlock(x, c)
 }
 
+// sumBlock sums x in float64 with four chains of pairs: few enough
+// registers that none spills, enough chains to hide the adds' latency.
 func sumBlock[T float](x []T, _ float64) float64 {
 	var s0, s1, s2, s3 float64
-	i := 0
-	for ; i+4 <= len(x); i += 4 {
-		v := x[i : i+4 : i+4]
-		s0 += float64(v[0])
-		s1 += float64(v[1])
-		s2 += float64(v[2])
-		s3 += float64(v[3])
+	for len(x) >= 8 {
+		s0 += float64(x[0]) + float64(x[4])
+		s1 += float64(x[1]) + float64(x[5])
+		s2 += float64(x[2]) + float64(x[6])
+		s3 += float64(x[3]) + float64(x[7])
+		x = x[8:]
 	}
-	for ; i < len(x); i++ {
-		s0 += float64(x[i])
+	for _, v := range x {
+		s0 += float64(v)
 	}
 	return (s0 + s1) + (s2 + s3)
 }
@@ -485,75 +481,12 @@ func argF[T float](x []T, largest bool) int64 {
 	return int64(at)
 }
 
-// colsFloat runs column tasks [lo, hi) over x of shape [k1, r, k2]: task t
-// reduces chunk t%chunks of colChunk columns of outer block t/chunks.
-func colsFloat[T float](rd red, x, y []T, lo, hi, r, k2 int) {
-	chunks := (k2 + colChunk - 1) / colChunk
-	for t := lo; t < hi; t++ {
-		o, c := t/chunks, t%chunks
-		colsFloatChunk(rd, x, y, o, c*colChunk, min((c+1)*colChunk, k2), r, k2)
-	}
-}
-
-func colsFloatChunk[T float](rd red, x, y []T, o, j0, j1, r, k2 int) {
-	base := o * r * k2
-	yo := y[o*k2+j0 : o*k2+j1]
-	switch rd {
-	case rMax, rMin:
-		copy(yo, x[base+j0:base+j1])
-		for i := 1; i < r; i++ {
-			row := x[base+i*k2+j0 : base+i*k2+j1]
-			row = row[:len(yo)]
-			if rd == rMax {
-				for j, v := range row {
-					if v > yo[j] || v != v {
-						yo[j] = v
-					}
-				}
-			} else {
-				for j, v := range row {
-					if v < yo[j] || v != v {
-						yo[j] = v
-					}
-				}
-			}
-		}
-		return
-	}
-	var accb [colChunk]float64
-	acc := accb[:j1-j0]
-	init := 0.0
-	if rd == rProd {
-		init = 1
-	}
-	for j := range acc {
-		acc[j] = init
-	}
-	for i := range r {
-		row := x[base+i*k2+j0 : base+i*k2+j1]
-		row = row[:len(acc)]
-		if rd == rProd {
-			for j, v := range row {
-				acc[j] *= float64(v)
-			}
-		} else {
-			for j, v := range row {
-				acc[j] += float64(v)
-			}
-		}
-	}
-	if rd == rMean {
-		for j := range acc {
-			acc[j] /= float64(r)
-		}
-	}
-	for j, v := range acc {
-		yo[j] = T(v)
-	}
-}
-
 // rowsInt reduces the k rows of length r of x.
 func rowsInt[T integer](rd red, x, y []T, yi []int64, k, r int) {
+	if r == 1 && rd.columns() { // nothing to reduce
+		copy(y, x)
+		return
+	}
 	if w := split(k, r); w > 1 && k >= w {
 		parallel(k, w, func(lo, hi int) { rowsIntRange(rd, x, y, yi, r, lo, hi) })
 		return
@@ -610,62 +543,125 @@ func rowsIntRange[T integer](rd red, x, y []T, yi []int64, r, lo, hi int) {
 	}
 }
 
-// colsInt runs column tasks [lo, hi) as colsFloat does.
-func colsInt[T integer](rd red, x, y []T, lo, hi, r, k2 int) {
-	chunks := (k2 + colChunk - 1) / colChunk
-	for t := lo; t < hi; t++ {
-		o, c := t/chunks, t%chunks
-		colsIntChunk(rd, x, y, o, c*colChunk, min((c+1)*colChunk, k2), r, k2)
+// Column reductions ([K1, R, K2], reducing R) run as tasks over fixed
+// blocks of colRows rows and colCols columns, each reading whole row
+// segments and writing partial results, combined afterwards in block
+// order: the blocks depend only on the shape, so the result does not
+// depend on the number of cores.
+const (
+	colRows = 256
+	colCols = 4096
+)
+
+// columns reduces x of shape [k1, r, k2] over r, accumulating in A.
+func columns[T number, A float64 | int64](rd red, x, y []T, k1, r, k2 int) {
+	nrb := max(1, (r+colRows-1)/colRows)
+	nck := (k2 + colCols - 1) / colCols
+	h := getF64(k1 * nrb * k2)
+	defer f64Pool.Put(h)
+	part := view[A](asBytes(*h), k1*nrb*k2)
+	tasks := k1 * nck * nrb
+	if w := split(tasks, min(r, colRows)*min(k2, colCols)); w > 1 {
+		parallel(tasks, w, func(lo, hi int) { columnBlocks(rd, x, part, lo, hi, r, k2) })
+	} else {
+		columnBlocks(rd, x, part, 0, tasks, r, k2)
+	}
+	// Combine the row blocks in order.
+	for o := range k1 {
+		acc := part[o*nrb*k2 : o*nrb*k2+k2]
+		yo := y[o*k2 : o*k2+k2]
+		for b := 1; b < nrb; b++ {
+			combine(rd, acc, part[(o*nrb+b)*k2:(o*nrb+b+1)*k2])
+		}
+		var one A = 1
+		if rd == rMean && (r > 0 || one/2 != 0) { // integers: the mean of nothing is 0
+			for j := range acc {
+				acc[j] /= A(r)
+			}
+		}
+		for j, v := range acc {
+			yo[j] = T(v)
+		}
 	}
 }
 
-func colsIntChunk[T integer](rd red, x, y []T, o, j0, j1, r, k2 int) {
-	base := o * r * k2
-	yo := y[o*k2+j0 : o*k2+j1]
-	var accb [colChunk]int64
-	acc := accb[:j1-j0]
+// columnBlocks runs column tasks [lo, hi): task t reduces row block t%nrb
+// of column chunk t/nrb%nck of outer block t/nrb/nck into part.
+func columnBlocks[T number, A float64 | int64](rd red, x []T, part []A, lo, hi, r, k2 int) {
+	nrb := max(1, (r+colRows-1)/colRows)
+	nck := (k2 + colCols - 1) / colCols
+	for t := lo; t < hi; t++ {
+		b, c, o := t%nrb, t/nrb%nck, t/nrb/nck
+		j0, j1 := c*colCols, min(c*colCols+colCols, k2)
+		r0, r1 := b*colRows, min(b*colRows+colRows, r)
+		acc := part[(o*nrb+b)*k2+j0 : (o*nrb+b)*k2+j1]
+		rows := x[o*r*k2:]
+		switch rd {
+		case rMax, rMin:
+			for j, v := range rows[r0*k2+j0 : r0*k2+j1] {
+				acc[j] = A(v)
+			}
+			r0++
+		case rProd:
+			for j := range acc {
+				acc[j] = 1
+			}
+		default:
+			clear(acc)
+		}
+		for i := r0; i < r1; i++ {
+			row := rows[i*k2+j0 : i*k2+j1]
+			row = row[:len(acc)]
+			switch rd {
+			case rMax:
+				for j, v := range row {
+					if a := A(v); a > acc[j] || a != a {
+						acc[j] = a
+					}
+				}
+			case rMin:
+				for j, v := range row {
+					if a := A(v); a < acc[j] || a != a {
+						acc[j] = a
+					}
+				}
+			case rProd:
+				for j, v := range row {
+					acc[j] *= A(v)
+				}
+			default:
+				for j, v := range row {
+					acc[j] += A(v)
+				}
+			}
+		}
+	}
+}
+
+// combine folds the partial results q into p.
+func combine[A float64 | int64](rd red, p, q []A) {
+	q = q[:len(p)]
 	switch rd {
-	case rMax, rMin:
-		copy(yo, x[base+j0:base+j1])
-		for i := 1; i < r; i++ {
-			row := x[base+i*k2+j0 : base+i*k2+j1]
-			row = row[:len(yo)]
-			if rd == rMax {
-				for j, v := range row {
-					yo[j] = max(yo[j], v)
-				}
-			} else {
-				for j, v := range row {
-					yo[j] = min(yo[j], v)
-				}
+	case rMax:
+		for j, v := range q {
+			if v > p[j] || v != v {
+				p[j] = v
 			}
 		}
-		return
+	case rMin:
+		for j, v := range q {
+			if v < p[j] || v != v {
+				p[j] = v
+			}
+		}
 	case rProd:
-		for j := range acc {
-			acc[j] = 1
+		for j, v := range q {
+			p[j] *= v
 		}
-	}
-	for i := range r {
-		row := x[base+i*k2+j0 : base+i*k2+j1]
-		row = row[:len(acc)]
-		if rd == rProd {
-			for j, v := range row {
-				acc[j] *= int64(v)
-			}
-		} else {
-			for j, v := range row {
-				acc[j] += int64(v)
-			}
+	default:
+		for j, v := range q {
+			p[j] += v
 		}
-	}
-	if rd == rMean && r > 0 {
-		for j := range acc {
-			acc[j] /= int64(r)
-		}
-	}
-	for j, v := range acc {
-		yo[j] = T(v)
 	}
 }
 
