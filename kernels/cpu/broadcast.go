@@ -115,11 +115,11 @@ func (bc *bcast) walk(lo, hi int, run func(o int, off [3]int, n int)) {
 type mode uint8
 
 const (
-	vv mode = iota // both advance
-	vs             // the first advances, the second is one scalar
-	sv             // the first is a scalar, the second advances
-	ss             // both scalars
-	walk           // not a mode of a run: the operands need a broadcast walk
+	vv   mode = iota // both advance
+	vs               // the first advances, the second is one scalar
+	sv               // the first is a scalar, the second advances
+	ss               // both scalars
+	walk             // not a mode of a run: the operands need a broadcast walk
 )
 
 func (bc *bcast) mode() mode {
