@@ -89,6 +89,7 @@ type project struct {
 	t     testing.TB
 	name  string
 	ports map[string]int // env var -> host port
+	extra []string       // more environment for compose
 }
 
 // newProject names a fresh project and removes everything it creates when
@@ -125,6 +126,7 @@ func freePort(t testing.TB) int {
 
 func (p *project) env() []string {
 	env := append(os.Environ(), "JETFABRIC_IMAGE="+image, "JETFABRIC_WORKER_CPUS=1")
+	env = append(env, p.extra...)
 	for k, v := range p.ports {
 		env = append(env, fmt.Sprintf("%s=%d", k, v))
 	}
