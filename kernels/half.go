@@ -9,36 +9,12 @@ import (
 // to even, as its bits. Values beyond the largest finite f16 round to
 // infinity as IEEE 754 says; NaN becomes a quiet NaN with x's sign. The
 // rounding is done once, from x, so Float16Bits(float64(f)) for a float32 f
-// is the correctly rounded conversion of f too.
+// is the correctly rounded conversion of f too, as Float32ToFloat16 is.
 func Float16Bits(x float64) uint16 { return uint16(roundFloat64(x, 5, 10)) }
 
 // BFloat16Bits returns the bfloat16 value nearest x, rounding half to even,
 // as its bits; see Float16Bits.
 func BFloat16Bits(x float64) uint16 { return uint16(roundFloat64(x, 8, 7)) }
-
-// Float16FromBits returns the f16 value with bits h; it is exact.
-func Float16FromBits(h uint16) float32 {
-	sign := uint32(h>>15) << 31
-	exp := uint32(h>>10) & 0x1f
-	man := uint32(h) & 0x3ff
-	switch {
-	case exp == 0x1f: // Inf, NaN
-		return math.Float32frombits(sign | 0x7f800000 | man<<13)
-	case exp != 0: // normal
-		return math.Float32frombits(sign | (exp+112)<<23 | man<<13)
-	case man == 0:
-		return math.Float32frombits(sign)
-	}
-	// Subnormal: man * 2^-24, exact in float32.
-	v := float32(man) * (1.0 / (1 << 24))
-	if sign != 0 {
-		v = -v
-	}
-	return v
-}
-
-// BFloat16FromBits returns the bfloat16 value with bits h; it is exact.
-func BFloat16FromBits(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
 
 // roundFloat64 rounds x to a binary format with expBits exponent bits and
 // manBits stored significand bits (at most 16 bits in all), half to even.

@@ -25,7 +25,7 @@ func refRound(x float64, manBits, emin int, maxFinite float64) float64 {
 
 func TestFloat16RoundTrip(t *testing.T) {
 	for h := range 1 << 16 {
-		f := Float16FromBits(uint16(h))
+		f := Float16ToFloat32(uint16(h))
 		got := Float16Bits(float64(f))
 		if math.IsNaN(float64(f)) {
 			if got&0x7c00 != 0x7c00 || got&0x3ff == 0 || got>>15 != uint16(h)>>15 {
@@ -38,7 +38,7 @@ func TestFloat16RoundTrip(t *testing.T) {
 		}
 	}
 	for h := range 1 << 16 {
-		f := BFloat16FromBits(uint16(h))
+		f := BFloat16ToFloat32(uint16(h))
 		got := BFloat16Bits(float64(f))
 		if math.IsNaN(float64(f)) {
 			if got&0x7f80 != 0x7f80 || got&0x7f == 0 {
@@ -57,24 +57,24 @@ func TestHalfRounding(t *testing.T) {
 	check := func(x float64) {
 		t.Helper()
 		want := refRound(x, 10, -14, 65504)
-		if got := float64(Float16FromBits(Float16Bits(x))); got != want && !(math.IsNaN(got) && math.IsNaN(want)) {
+		if got := float64(Float16ToFloat32(Float16Bits(x))); got != want && !(math.IsNaN(got) && math.IsNaN(want)) {
 			t.Fatalf("f16(%v) = %v, want %v", x, got, want)
 		}
 		want = refRound(x, 7, -126, math.Float64frombits(0x47efe00000000000))
-		if got := float64(BFloat16FromBits(BFloat16Bits(x))); got != want && !(math.IsNaN(got) && math.IsNaN(want)) {
+		if got := float64(BFloat16ToFloat32(BFloat16Bits(x))); got != want && !(math.IsNaN(got) && math.IsNaN(want)) {
 			t.Fatalf("bf16(%v) = %v, want %v", x, got, want)
 		}
 	}
 	// Midpoints between neighbours, and points just either side of them.
 	for h := range 0x7c00 - 1 {
-		a, b := float64(Float16FromBits(uint16(h))), float64(Float16FromBits(uint16(h+1)))
+		a, b := float64(Float16ToFloat32(uint16(h))), float64(Float16ToFloat32(uint16(h+1)))
 		m := (a + b) / 2
 		for _, x := range []float64{m, math.Nextafter(m, 0), math.Nextafter(m, 1), -m} {
 			check(x)
 		}
 	}
 	for h := range 0x7f80 - 1 {
-		a, b := float64(BFloat16FromBits(uint16(h))), float64(BFloat16FromBits(uint16(h+1)))
+		a, b := float64(BFloat16ToFloat32(uint16(h))), float64(BFloat16ToFloat32(uint16(h+1)))
 		m := (a + b) / 2
 		for _, x := range []float64{m, math.Nextafter(m, 0), math.Nextafter(m, 1), -m} {
 			check(x)
@@ -117,6 +117,37 @@ func TestInt64ToFloat64Odd(t *testing.T) {
 	for _, v := range []int64{0, 1, -1, 1 << 53, 1<<53 + 1, math.MaxInt64, math.MinInt64} {
 		if f := Int64ToFloat64Odd(v); float32(f) != float32(v) {
 			t.Fatalf("float32 of %d: %v via odd, %v direct", v, float32(f), float32(v))
+		}
+	}
+}
+
+// TestFloat32ToHalf: the float32 conversions and the float64 ones agree
+// wherever both apply.
+func TestFloat32ToHalf(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	check := func(f float32) {
+		t.Helper()
+		if f != f {
+			return
+		}
+		if a, b := Float32ToFloat16(f), Float16Bits(float64(f)); a != b {
+			t.Fatalf("f16 of %v: Float32ToFloat16 %#04x, Float16Bits %#04x", f, a, b)
+		}
+		if a, b := Float32ToBFloat16(f), BFloat16Bits(float64(f)); a != b {
+			t.Fatalf("bf16 of %v: Float32ToBFloat16 %#04x, BFloat16Bits %#04x", f, a, b)
+		}
+	}
+	for range 1 << 20 {
+		check(math.Float32frombits(r.Uint32()))
+	}
+	// Every float32 whose exponent is in or near the f16 range, sampled
+	// densely near f16 rounding boundaries.
+	for e := uint32(100); e < 146; e++ {
+		for m := uint32(0); m < 1<<23; m += 0x7ff {
+			for _, d := range []uint32{0, 1, 0xfff, 0x1000, 0x1001} {
+				check(math.Float32frombits(e<<23 | (m+d)&0x7fffff))
+				check(-math.Float32frombits(e<<23 | (m+d)&0x7fffff))
+			}
 		}
 	}
 }

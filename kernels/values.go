@@ -64,9 +64,9 @@ func PutValue(dt DType, b []byte, i int, x float64) {
 	case Float64:
 		binary.LittleEndian.PutUint64(b[8*i:], math.Float64bits(x))
 	case Float16:
-		binary.LittleEndian.PutUint16(b[2*i:], Float32ToFloat16(float32(x)))
+		binary.LittleEndian.PutUint16(b[2*i:], Float16Bits(x))
 	case BFloat16:
-		binary.LittleEndian.PutUint16(b[2*i:], Float32ToBFloat16(float32(x)))
+		binary.LittleEndian.PutUint16(b[2*i:], BFloat16Bits(x))
 	case Int32:
 		binary.LittleEndian.PutUint32(b[4*i:], uint32(int32(saturate(x, math.MinInt32, math.MaxInt32))))
 	case Int64:

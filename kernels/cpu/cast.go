@@ -83,7 +83,7 @@ func castRange(dst []byte, to kernels.DType, src []byte, from kernels.DType, lo,
 	case from == kernels.Float16 && to == kernels.Float32:
 		s, d := view[uint16](src, hi)[lo:], view[float32](dst, hi)[lo:]
 		for i, h := range s {
-			d[i] = kernels.Float16FromBits(h)
+			d[i] = kernels.Float16ToFloat32(h)
 		}
 		return
 	case from == kernels.BFloat16 && to == kernels.Float32:
@@ -153,11 +153,11 @@ func loadFloat(f []float64, src []byte, dt kernels.DType, lo, hi int) {
 		copy(f, view[float64](src, hi)[lo:])
 	case kernels.Float16:
 		for i, h := range view[uint16](src, hi)[lo:] {
-			f[i] = float64(kernels.Float16FromBits(h))
+			f[i] = float64(kernels.Float16ToFloat32(h))
 		}
 	case kernels.BFloat16:
 		for i, h := range view[uint16](src, hi)[lo:] {
-			f[i] = float64(kernels.BFloat16FromBits(h))
+			f[i] = float64(kernels.BFloat16ToFloat32(h))
 		}
 	}
 }
