@@ -137,4 +137,10 @@ type Device struct {
 	Sessions int               `cbor:"sessions" json:"sessions"`
 	Applied  uint64            `cbor:"applied" json:"applied"` // last stream sequence applied
 	State    string            `cbor:"state" json:"state"`     // "serving", "stopped"
+	// Ops and Frames count what the device executed since its worker
+	// started; Lag is the device's frames queued in the stream behind the
+	// last one handled. Rates come from successive reads (jetfabric top).
+	Ops    uint64 `cbor:"ops,omitempty" json:"ops,omitempty"`
+	Frames uint64 `cbor:"frames,omitempty" json:"frames,omitempty"`
+	Lag    uint64 `cbor:"lag,omitempty" json:"lag,omitempty"`
 }

@@ -190,6 +190,9 @@ func (w *Worker) entry(d *device, state string) codec.Device {
 		Sessions: int(d.sessionCount.Load()),
 		Applied:  d.applied.Load(),
 		State:    state,
+		Ops:      d.m.ops.Load(),
+		Frames:   d.m.frames.Load(),
+		Lag:      d.m.pending.Load(),
 	}
 }
 

@@ -5,6 +5,7 @@
 //	jetfabric worker    a worker serving local devices against a broker
 //	jetfabric demo      a short workload that shows the fabric, checked
 //	jetfabric devices   the devices registered with a fabric
+//	jetfabric top       a live view of every device (q quits)
 //	jetfabric bench     latency and throughput against raw NATS
 //	jetfabric healthcheck  exit 0 if a broker's JetStream is healthy
 //
@@ -34,6 +35,7 @@ var commands = []command{
 	{"worker", "serve local devices to a fabric", runWorker},
 	{"demo", "run a short checked workload (starts an embedded fabric without --url)", runDemo},
 	{"devices", "list the devices registered with a fabric", runDevices},
+	{"top", "live view of every device: state, sessions, applied, lag, ops/s", runTop},
 	{"bench", "measure the fabric against raw NATS", runBench},
 	{"healthcheck", "exit 0 if a broker's JetStream is healthy", runHealthcheck},
 }
