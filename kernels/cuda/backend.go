@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"time"
 
 	"github.com/jetfabric/jetfabric/kernels"
 )
@@ -82,8 +83,8 @@ func New(ordinal int, opts ...Option) (*Backend, error) {
 	b := &Backend{
 		opts:    o,
 		ordinal: ordinal,
-		calls:   make(chan func() error),
-		res:     make(chan error),
+		calls:   make(chan func() error, 1),
+		res:     make(chan error, 1),
 		fns:     make(map[string]cuFunction),
 	}
 	ready := make(chan error, 1)
@@ -106,10 +107,35 @@ func (b *Backend) loop(ready chan<- error) {
 		return
 	}
 	ready <- nil
-	for f := range b.calls {
+	for {
+		f, ok := b.next()
+		if !ok {
+			break
+		}
 		b.res <- b.run(f)
 	}
 	b.release()
+}
+
+// spin is how long each side of a call polls before it blocks. Waking a
+// parked thread costs tens of microseconds on some machines, more than a
+// kernel launch, so a busy worker's calls pass without any.
+const spin = 50 * time.Microsecond
+
+// next waits for the next call; ok is false once the backend is closed.
+func (b *Backend) next() (f func() error, ok bool) {
+	start := time.Now()
+	for i := 0; ; i++ {
+		select {
+		case f, ok = <-b.calls:
+			return f, ok
+		default:
+		}
+		if i&63 == 63 && time.Since(start) > spin {
+			f, ok = <-b.calls
+			return f, ok
+		}
+	}
 }
 
 func (b *Backend) run(f func() error) (err error) {
@@ -187,7 +213,17 @@ func (b *Backend) do(f func() error) error {
 		return ErrClosed
 	}
 	b.calls <- f
-	return <-b.res
+	start := time.Now()
+	for i := 0; ; i++ {
+		select {
+		case err := <-b.res:
+			return err
+		default:
+		}
+		if i&63 == 63 && time.Since(start) > spin {
+			return <-b.res
+		}
+	}
 }
 
 // Close waits for queued work, releases the device and stops the thread.

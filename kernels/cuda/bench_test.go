@@ -8,10 +8,10 @@ import (
 	"github.com/jetfabric/jetfabric/kernels"
 )
 
-// deviceTime runs body b.N times (through b.Loop) between two timing
+// deviceTime runs body reps times per b.Loop iteration between two timing
 // events on the stream and returns the device milliseconds per run. body
 // only queues work.
-func deviceTime(tb *testing.B, be *Backend, body func() error) float64 {
+func deviceTime(tb *testing.B, be *Backend, reps int, body func() error) float64 {
 	tb.Helper()
 	var start, end cuEvent
 	if err := be.do(func() error {
@@ -44,10 +44,12 @@ func deviceTime(tb *testing.B, be *Backend, body func() error) float64 {
 		tb.Fatal(err)
 	}
 	for tb.Loop() {
-		if err := body(); err != nil {
-			tb.Fatal(err)
+		for range reps {
+			if err := body(); err != nil {
+				tb.Fatal(err)
+			}
+			n++
 		}
-		n++
 	}
 	var ms float32
 	if err := be.do(func() error {
@@ -75,6 +77,10 @@ func fill(tb testing.TB, be *Backend, x *kernels.Tensor, key uint64) {
 	}
 }
 
+// elementwiseReps: runs per timed iteration, so that a few iterations
+// take long enough to time.
+const elementwiseReps = 10
+
 // BenchmarkElementwise: a chain of 8 elementwise ops over 256 MiB of
 // float32 (x and a scalar in, one tensor out), fused into one kernel and
 // run op by op, and a device-to-device copy of the same 256 MiB in the
@@ -96,12 +102,12 @@ func BenchmarkElementwise(b *testing.B) {
 	}
 	b.Run("copy", func(b *testing.B) {
 		op := &kernels.Op{Name: kernels.OpReshape, Shape: []int{n}}
-		ms := deviceTime(b, be, func() error { return be.Exec(op, []*kernels.Tensor{x}, []*kernels.Tensor{y}) })
+		ms := deviceTime(b, be, elementwiseReps, func() error { return be.Exec(op, []*kernels.Tensor{x}, []*kernels.Tensor{y}) })
 		report(b, ms)
 	})
 	b.Run("fused8", func(b *testing.B) {
 		in, out := []*kernels.Tensor{x, s}, []*kernels.Tensor{y}
-		ms := deviceTime(b, be, func() error { return be.ExecFused(g, in, out) })
+		ms := deviceTime(b, be, elementwiseReps, func() error { return be.ExecFused(g, in, out) })
 		report(b, ms)
 	})
 	b.Run("unfused8", func(b *testing.B) {
@@ -109,7 +115,7 @@ func BenchmarkElementwise(b *testing.B) {
 		for range g.Ops {
 			vals = append(vals, empty(b, be, kernels.Float32, n))
 		}
-		ms := deviceTime(b, be, func() error {
+		ms := deviceTime(b, be, elementwiseReps, func() error {
 			for i, op := range g.Ops {
 				args := make([]*kernels.Tensor, len(op.Args))
 				for k, a := range op.Args {
@@ -132,7 +138,7 @@ func BenchmarkElementwise(b *testing.B) {
 	fill(b, be, row, 3)
 	b.Run("fused8-rowbcast", func(b *testing.B) {
 		in, out := []*kernels.Tensor{xr, row}, []*kernels.Tensor{yr}
-		ms := deviceTime(b, be, func() error { return be.ExecFused(g, in, out) })
+		ms := deviceTime(b, be, elementwiseReps, func() error { return be.ExecFused(g, in, out) })
 		report(b, ms)
 	})
 	b.Run("fused8-rowsum", func(b *testing.B) {
@@ -140,7 +146,7 @@ func BenchmarkElementwise(b *testing.B) {
 		gs.Results = gs.Results[:1]
 		sum := empty(b, be, kernels.Float32, rows[0])
 		in, out := []*kernels.Tensor{xr, row}, []*kernels.Tensor{sum}
-		ms := deviceTime(b, be, func() error { return be.ExecFused(gs, in, out) })
+		ms := deviceTime(b, be, elementwiseReps, func() error { return be.ExecFused(gs, in, out) })
 		b.ReportMetric(float64(4*n)/(ms*1e-3)/1e9, "GB/s")
 		b.ReportMetric(ms, "ms/op")
 	})
@@ -169,7 +175,7 @@ func BenchmarkMatmul(b *testing.B) {
 			fill(b, c.be, x, 4)
 			fill(b, c.be, y, 5)
 			op := &kernels.Op{Name: kernels.OpMatmul}
-			ms := deviceTime(b, c.be, func() error { return c.be.Exec(op, []*kernels.Tensor{x, y}, []*kernels.Tensor{z}) })
+			ms := deviceTime(b, c.be, 1, func() error { return c.be.Exec(op, []*kernels.Tensor{x, y}, []*kernels.Tensor{z}) })
 			b.ReportMetric(2*size*size*size/(ms*1e-3)/1e12, "TFLOP/s")
 			b.ReportMetric(ms, "ms/op")
 		})

@@ -358,6 +358,9 @@ const (
 type ewLeaf struct {
 	dt   kernels.DType
 	kind leafKind
+	// inner is a strided leaf's stride along the innermost dim in a
+	// vectorised strided kernel: 0 (broadcast) or 1 (contiguous).
+	inner uint8
 }
 
 type ewNode struct {
@@ -371,7 +374,11 @@ type redMode uint8
 const (
 	redThreadPerOut redMode = iota // kept dims innermost: one thread per output
 	redBlockPerOut                 // reduced dims innermost: one block per output
+	redWarpPerOut                  // reduced dims innermost, short rows: one warp per output
 )
+
+// warpsPerBlock is the outputs per block of redWarpPerOut.
+const warpsPerBlock = blockSize / 32
 
 type redSpec struct {
 	op     string
@@ -385,7 +392,8 @@ type ewSpec struct {
 	leaves []ewLeaf
 	nodes  []ewNode
 	outs   []int
-	rank   int // 0: linear kernel (no strided leaves); else strided kernel of this rank
+	rank   int  // 0: linear kernel (no strided leaves); else strided kernel of this rank
+	vec    bool // strided kernel in whole vectors along the innermost dim
 	red    *redSpec
 	idx64  bool
 }
@@ -405,8 +413,11 @@ func (s *ewSpec) key() string {
 		b.WriteString("64")
 	}
 	fmt.Fprintf(&b, "|r%d|", s.rank)
+	if s.vec {
+		b.WriteString("v|")
+	}
 	for _, l := range s.leaves {
-		fmt.Fprintf(&b, "%v%d,", l.dt, l.kind)
+		fmt.Fprintf(&b, "%v%d%d,", l.dt, l.kind, l.inner)
 	}
 	b.WriteByte('|')
 	for _, n := range s.nodes {
@@ -485,7 +496,7 @@ func (s *ewSpec) vecShape() (v, u int) {
 		maxSz = max(maxSz, dt.Size())
 	}
 	for _, l := range s.leaves {
-		if l.kind == leafFull {
+		if l.kind == leafFull || (s.vec && l.kind == leafStrided && l.inner == 1) {
 			note(l.dt)
 		}
 	}
@@ -507,7 +518,7 @@ func (s *ewSpec) source() (string, error) {
 	switch {
 	case s.red != nil:
 		s.reduceKernel(&b)
-	case s.rank == 0:
+	case s.rank == 0 || s.vec:
 		s.linearKernel(&b)
 	default:
 		s.stridedKernel(&b)
@@ -544,25 +555,65 @@ func (s *ewSpec) outDecls(b *strings.Builder, indent string) []string {
 	return vars
 }
 
+// linearKernel: each thread takes U vectors of V elements, loads them
+// all, then computes and stores them, with 16-byte accesses for the
+// narrowest operand. With s.vec, strided leaves are found from the
+// coordinates of each vector's first element: a contiguous innermost dim
+// gives a vector, a broadcast one a single element; the domain's innermost
+// dim is a multiple of V. Otherwise the last block does the tail of fewer
+// than V elements.
 func (s *ewSpec) linearKernel(b *strings.Builder) {
 	V, U := s.vecShape()
+	r := s.rank
 	p := append(s.ptrParams(), "idx_t n")
+	sl := s.stridedLeaves()
+	for d := range r {
+		p = append(p, fmt.Sprintf("idx_t d%d", d))
+	}
+	for _, j := range sl {
+		for d := range r {
+			p = append(p, fmt.Sprintf("idx_t s%d_%d", j, d))
+		}
+	}
 	fmt.Fprintf(b, "extern \"C\" __global__ void __launch_bounds__(%d) %s(%s) {\n", blockSize, kernelName, strings.Join(p, ", "))
 	fmt.Fprintf(b, "\tconst idx_t nv = n / %d;\n", V)
 	fmt.Fprintf(b, "\tconst idx_t base = (idx_t)blockIdx.x * %d + threadIdx.x;\n", blockSize*U)
 	for j, l := range s.leaves {
-		switch l.kind {
-		case leafScalar:
+		switch {
+		case l.kind == leafScalar:
 			fmt.Fprintf(b, "\tconst %s s%d = %s;\n", cCompute(l.dt), j, cLoad(l.dt, fmt.Sprintf("in%d[0]", j)))
-		case leafFull:
+		case l.kind == leafStrided && l.inner == 0:
+			fmt.Fprintf(b, "\t%s a%d[%d];\n", cStore(l.dt), j, U)
+		default:
 			fmt.Fprintf(b, "\tjf_vec<%s, %d> a%d[%d];\n", cStore(l.dt), V, j, U)
 		}
 	}
 	fmt.Fprintf(b, "\t#pragma unroll\n\tfor (int u = 0; u < %d; u++) {\n", U)
 	fmt.Fprintf(b, "\t\tconst idx_t w = base + (idx_t)u * %d;\n\t\tif (w < nv) {\n", blockSize)
+	if len(sl) > 0 {
+		fmt.Fprintf(b, "\t\t\tidx_t t = w * %d, c;\n", V)
+		for _, j := range sl {
+			fmt.Fprintf(b, "\t\t\tidx_t o%d = 0;\n", j)
+		}
+		for d := r - 1; d >= 0; d-- {
+			if d > 0 {
+				fmt.Fprintf(b, "\t\t\tc = t %% d%d; t /= d%d;\n", d, d)
+			} else {
+				b.WriteString("\t\t\tc = t;\n")
+			}
+			for _, j := range sl {
+				fmt.Fprintf(b, "\t\t\to%d += c * s%d_%d;\n", j, j, d)
+			}
+		}
+	}
 	for j, l := range s.leaves {
-		if l.kind == leafFull {
+		switch {
+		case l.kind == leafFull:
 			fmt.Fprintf(b, "\t\t\ta%d[u] = reinterpret_cast<const jf_vec<%s, %d>*>(in%d)[w];\n", j, cStore(l.dt), V, j)
+		case l.kind == leafStrided && l.inner == 0:
+			fmt.Fprintf(b, "\t\t\ta%d[u] = in%d[o%d];\n", j, j, j)
+		case l.kind == leafStrided:
+			fmt.Fprintf(b, "\t\t\ta%d[u] = *reinterpret_cast<const jf_vec<%s, %d>*>(in%d + o%d);\n", j, cStore(l.dt), V, j, j)
 		}
 	}
 	b.WriteString("\t\t}\n\t}\n")
@@ -575,9 +626,12 @@ func (s *ewSpec) linearKernel(b *strings.Builder) {
 	vars := s.outDecls(b, "\t\t\t\t")
 	leafVals := make([]string, len(s.leaves))
 	for j, l := range s.leaves {
-		if l.kind == leafScalar {
+		switch {
+		case l.kind == leafScalar:
 			leafVals[j] = fmt.Sprintf("s%d", j)
-		} else {
+		case l.kind == leafStrided && l.inner == 0:
+			leafVals[j] = cLoad(l.dt, fmt.Sprintf("a%d[u]", j))
+		default:
 			leafVals[j] = cLoad(l.dt, fmt.Sprintf("a%d[u].v[e]", j))
 		}
 	}
@@ -590,6 +644,10 @@ func (s *ewSpec) linearKernel(b *strings.Builder) {
 		fmt.Fprintf(b, "\t\t\treinterpret_cast<jf_vec<%s, %d>*>(out%d)[w] = b%d;\n", cStore(s.valDT(o)), V, k, k)
 	}
 	b.WriteString("\t\t}\n\t}\n")
+	if s.vec {
+		b.WriteString("}\n")
+		return
+	}
 	// The tail: fewer than V elements, done by the last block.
 	b.WriteString("\tif (blockIdx.x == gridDim.x - 1) {\n")
 	fmt.Fprintf(b, "\t\tconst idx_t i = nv * %d + threadIdx.x;\n\t\tif (i < n) {\n", V)
@@ -749,9 +807,13 @@ func (s *ewSpec) reduceKernel(b *strings.Builder) {
 		}
 	}
 	fmt.Fprintf(b, "extern \"C\" __global__ void __launch_bounds__(%d) %s(%s) {\n", blockSize, kernelName, strings.Join(p, ", "))
-	if rd.mode == redThreadPerOut {
+	switch rd.mode {
+	case redThreadPerOut:
 		fmt.Fprintf(b, "\tconst idx_t o = (idx_t)blockIdx.x * %d + threadIdx.x;\n\tif (o >= O) return;\n", blockSize)
-	} else {
+	case redWarpPerOut:
+		// Whole warps leave together, so the shuffles below see all lanes.
+		fmt.Fprintf(b, "\tconst idx_t o = (idx_t)blockIdx.x * %d + (threadIdx.x >> 5);\n\tif (o >= O) return;\n", warpsPerBlock)
+	default:
 		b.WriteString("\tconst idx_t o = blockIdx.x;\n")
 	}
 	// base offsets from the kept coordinates
@@ -780,9 +842,13 @@ func (s *ewSpec) reduceKernel(b *strings.Builder) {
 	}
 	b.WriteString("\tconst idx_t r0 = (idx_t)blockIdx.y * chunk;\n\tidx_t r1 = r0 + chunk;\n\tif (r1 > R) r1 = R;\n")
 	fmt.Fprintf(b, "\t%s acc = %s;\n", acc, redInit(rd.op, rd.dt))
-	if rd.mode == redThreadPerOut {
+	b.WriteString("\t#pragma unroll 4\n")
+	switch rd.mode {
+	case redThreadPerOut:
 		b.WriteString("\tfor (idx_t r = r0; r < r1; r++) {\n")
-	} else {
+	case redWarpPerOut:
+		b.WriteString("\tfor (idx_t r = r0 + (threadIdx.x & 31); r < r1; r += 32) {\n")
+	default:
 		b.WriteString("\tfor (idx_t r = r0 + threadIdx.x; r < r1; r += blockDim.x) {\n")
 	}
 	b.WriteString("\t\tidx_t t = r, c;\n")
@@ -806,6 +872,11 @@ func (s *ewSpec) reduceKernel(b *strings.Builder) {
 		fmt.Fprintf(b, "\t\tout%d[f_w%d] = %s;\n", k, k, cStoreConv(s.valDT(o), vars[k]))
 	}
 	fmt.Fprintf(b, "\t\t%s\n\t}\n", redCombine(rd.op, "acc", "("+acc+")rv"))
+	if rd.mode == redWarpPerOut {
+		b.WriteString("\t#pragma unroll\n\tfor (int off = 16; off > 0; off >>= 1) {\n")
+		fmt.Fprintf(b, "\t\tconst %s y = __shfl_down_sync(0xffffffffu, acc, off);\n\t\t%s\n\t}\n", acc, redCombine(rd.op, "acc", "y"))
+		b.WriteString("\tif ((threadIdx.x & 31) != 0) return;\n")
+	}
 	if rd.mode == redBlockPerOut {
 		fmt.Fprintf(b, "\t__shared__ %s sh[32];\n", acc)
 		b.WriteString("\tconst int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n")

@@ -27,7 +27,7 @@ func TestCompileGenerated(t *testing.T) {
 	dtypes := []kernels.DType{kernels.Float32, kernels.Float64, kernels.Float16, kernels.BFloat16, kernels.Int32, kernels.Int64, kernels.Uint8}
 	for _, dt := range dtypes {
 		for _, name := range append(append([]string{}, kernels.Unary...), kernels.Binary...) {
-			for _, shapes := range [][2][]int{{{1000}, {1000}}, {{3, 1000}, {1000}}, {{3, 1000}, {}}, {{7, 1, 5}, {1, 6, 1}}} {
+			for _, shapes := range [][2][]int{{{1000}, {1000}}, {{3, 1000}, {1000}}, {{3, 1000}, {}}, {{7, 1, 5}, {1, 6, 1}}, {{1000, 8}, {1000, 1}}} {
 				in := []kernels.Meta{{DType: dt, Shape: shapes[0]}}
 				if slices := shapes[1]; slices != nil && isBinary(name) {
 					in = append(in, kernels.Meta{DType: dt, Shape: shapes[1]})
@@ -44,7 +44,7 @@ func TestCompileGenerated(t *testing.T) {
 			for _, c := range []struct {
 				shape []int
 				axes  []int
-			}{{[]int{64, 1000}, []int{1}}, {[]int{1000, 64}, []int{0}}, {[]int{4, 5, 6}, []int{0, 2}}, {[]int{100000}, nil}} {
+			}{{[]int{64, 1000}, []int{1}}, {[]int{1000, 64}, []int{0}}, {[]int{4, 5, 6}, []int{0, 2}}, {[]int{100000}, nil}, {[]int{100000, 64}, []int{1}}} {
 				p, err := planOne(&kernels.Op{Name: name, Axes: c.axes}, []kernels.Meta{{DType: dt, Shape: c.shape}})
 				if err != nil {
 					t.Fatal(err)

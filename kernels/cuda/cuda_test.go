@@ -176,6 +176,12 @@ func TestFused(t *testing.T) {
 		{"linear", kernels.Float32, []int{1000, 1003}, []int{}, false},
 		{"row", kernels.Float32, []int{1000, 1003}, []int{1003}, false},
 		{"column", kernels.Float32, []int{1000, 1003}, []int{1000, 1}, false},
+		{"row-vec", kernels.Float32, []int{1000, 1024}, []int{1024}, false},
+		{"column-vec", kernels.Float32, []int{1000, 1024}, []int{1000, 1}, false},
+		{"row-vec-f16", kernels.Float16, []int{100, 64}, []int{64}, false},
+		{"row-sum-warp", kernels.Float32, []int{5000, 1000}, []int{1000}, true},
+		{"column-sum", kernels.Float32, []int{5000, 1000}, []int{5000, 1}, true},
+		{"column-sum-axis0", kernels.Float32, []int{5000, 1000}, []int{1000}, true},
 		{"row-sum", kernels.Float32, []int{700, 1003}, []int{1003}, true},
 		{"row-sum-f16", kernels.Float16, []int{700, 1003}, []int{1003}, true},
 		{"bf16", kernels.BFloat16, []int{333, 65}, []int{333, 65}, false},
@@ -183,8 +189,11 @@ func TestFused(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			g := benchChain(c.reduce)
-			if c.reduce && c.name == "sum-all" {
+			switch c.name {
+			case "sum-all":
 				g.Ops[len(g.Ops)-1].Op.Axes = nil
+			case "column-sum-axis0":
+				g.Ops[len(g.Ops)-1].Op.Axes = []int{0}
 			}
 			x := tensor(t, b, c.dt, c.x, randn(r, kernels.Numel(c.x)))
 			y := tensor(t, b, c.dt, c.y, randn(r, kernels.Numel(c.y)))
@@ -407,22 +416,44 @@ func TestInPlace(t *testing.T) {
 	}
 }
 
-// TestDiskCache checks that a second process would find compiled kernels.
+// forgetImages empties the in-memory image cache, as a new process has it.
+func forgetImages() {
+	images.Lock()
+	images.m = make(map[string][]byte)
+	images.Unlock()
+}
+
+// TestDiskCache checks that a second process finds compiled kernels on
+// disk instead of compiling them.
 func TestDiskCache(t *testing.T) {
 	dir := t.TempDir()
-	b := newBackend(t, WithCacheDir(dir))
-	x := tensor(t, b, kernels.Float64, []int{5}, []float64{1, 2, 3, 4, 5})
-	y := empty(t, b, kernels.Float64, 5)
-	if err := b.Exec(&kernels.Op{Name: kernels.OpExp}, []*kernels.Tensor{x}, []*kernels.Tensor{y}); err != nil {
-		t.Fatal(err)
+	run := func() {
+		forgetImages()
+		b := newBackend(t, WithCacheDir(dir))
+		x := tensor(t, b, kernels.Float64, []int{5}, []float64{1, 2, 3, 4, 5})
+		y := empty(t, b, kernels.Float64, 5)
+		if err := b.Exec(&kernels.Op{Name: kernels.OpExp}, []*kernels.Tensor{x}, []*kernels.Tensor{y}); err != nil {
+			t.Fatal(err)
+		}
+		if got := values(t, b, y); got[1] != math.Exp(2) && math.Abs(got[1]-math.Exp(2)) > 1e-15 {
+			t.Errorf("exp(2) = %v", got[1])
+		}
+	}
+	before := compilations.Load()
+	run()
+	if compilations.Load() != before+1 {
+		t.Fatalf("first run compiled %d kernels, want 1", compilations.Load()-before)
 	}
 	files, _ := filepath.Glob(filepath.Join(dir, "*.cubin"))
-	if len(files) == 0 {
-		t.Fatal("no kernel image in the cache directory")
+	if len(files) != 1 {
+		t.Fatalf("%d images in the cache directory, want 1", len(files))
 	}
-	info, err := os.Stat(files[0])
-	if err != nil || info.Size() == 0 {
+	if info, err := os.Stat(files[0]); err != nil || info.Size() == 0 {
 		t.Fatalf("cache file: %v %v", info, err)
+	}
+	run()
+	if n := compilations.Load() - before; n != 1 {
+		t.Fatalf("second run compiled again (%d compilations)", n)
 	}
 }
 

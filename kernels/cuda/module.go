@@ -9,10 +9,14 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 )
 
 // Compiled images, shared by every Backend of the process and keyed by
 // the SHA-256 of NVRTC's version, the options and the source.
+// compilations counts NVRTC runs, for tests.
+var compilations atomic.Int64
+
 var images = struct {
 	sync.Mutex
 	m map[string][]byte
@@ -82,6 +86,7 @@ func image(src string, opts []string, dir string) ([]byte, error) {
 			return img, nil
 		}
 	}
+	compilations.Add(1)
 	img, err := compileCUBIN(src, opts)
 	if err != nil {
 		return nil, err

@@ -262,7 +262,53 @@ func (p *ewPlan) planElementwise(domain []int, leafStrides [][]int) {
 			p.strides = append(p.strides, st[j])
 		}
 	}
+	if p.vectorise(dims, st) {
+		v, u := s.vecShape()
+		p.grid = [3]uint32{uint32(max(1, ceilDiv(p.n/v, blockSize*u))), 1, 1}
+		return
+	}
 	p.grid = [3]uint32{uint32(max(1, ceilDiv(p.n, blockSize*stridedPerThread))), 1, 1}
+}
+
+// vectorise turns a strided plan into whole vectors along the innermost
+// dim when that dim is a multiple of the vector width and every strided
+// leaf walks it with stride 1, at vector-aligned offsets, or 0.
+func (p *ewPlan) vectorise(dims []int, st [][]int) bool {
+	s := &p.spec
+	last := len(dims) - 1
+	s.vec = true
+	for j := range s.leaves {
+		if s.leaves[j].kind != leafStrided {
+			continue
+		}
+		switch st[j][last] {
+		case 0:
+			s.leaves[j].inner = 0
+		case 1:
+			s.leaves[j].inner = 1
+		default:
+			s.vec = false
+		}
+	}
+	v, _ := s.vecShape()
+	if s.vec && v > 1 && dims[last]%v == 0 {
+		ok := true
+		for j := range s.leaves {
+			if s.leaves[j].kind == leafStrided && s.leaves[j].inner == 1 {
+				for d := range last {
+					ok = ok && st[j][d]%v == 0
+				}
+			}
+		}
+		if ok {
+			return true
+		}
+	}
+	s.vec = false
+	for j := range s.leaves {
+		s.leaves[j].inner = 0
+	}
+	return false
 }
 
 func (p *ewPlan) planReduce(domain, axes []int, leafStrides [][]int, sms int) {
@@ -313,21 +359,26 @@ func (p *ewPlan) planReduce(domain, axes []int, leafStrides [][]int, sms int) {
 	}
 	rd.kr, rd.rr = len(kd), len(rdm)
 	target := 4 * max(sms, 1)
-	if lastReduced && p.R > 32 {
+	p.P, p.chunk, p.block = 1, p.R, blockSize
+	switch {
+	case p.O == 0:
+		rd.mode = redThreadPerOut
+	case lastReduced && p.R > 32 && p.R <= 8192 && p.O >= warpsPerBlock*target:
+		// Many short rows: a warp each, no block-wide synchronisation.
+		rd.mode = redWarpPerOut
+		p.grid = [3]uint32{uint32(ceilDiv(p.O, warpsPerBlock)), 1, 1}
+	case lastReduced && p.R > 32:
 		rd.mode = redBlockPerOut
-		p.P = 1
 		if p.O < target {
-			p.P = min(ceilDiv(target, p.O), ceilDiv(p.R, 4096), 65535)
+			p.P = max(1, min(ceilDiv(target, p.O), ceilDiv(p.R, 4096), 65535))
 		}
-		p.P = max(p.P, 1)
 		p.chunk = ceilDiv(p.R, p.P)
 		p.P = max(1, ceilDiv(p.R, p.chunk))
 		p.block = uint32(min(blockSize, ceilDiv(p.chunk, 32)*32))
 		p.grid = [3]uint32{uint32(p.O), uint32(p.P), 1}
-	} else {
+	default:
 		rd.mode = redThreadPerOut
 		bx := ceilDiv(p.O, blockSize)
-		p.P = 1
 		if bx < target/2 && p.R > 0 {
 			p.P = max(1, min(ceilDiv(target, bx), ceilDiv(p.R, 32), 65535))
 		}
@@ -335,7 +386,6 @@ func (p *ewPlan) planReduce(domain, axes []int, leafStrides [][]int, sms int) {
 		if p.chunk > 0 {
 			p.P = ceilDiv(p.R, p.chunk)
 		}
-		p.block = blockSize
 		p.grid = [3]uint32{uint32(bx), uint32(p.P), 1}
 	}
 	s.idx64 = p.n > idx32Max || p.O*p.P > idx32Max
@@ -403,7 +453,7 @@ func (p *ewPlan) args(a *kargs, leafPtr, outPtr []uint64, rout, part uint64) {
 		}
 	case s.rank == 0:
 		a.idx(p.n, w)
-	default:
+	default: // strided, vectorised or not: the same parameters
 		a.idx(p.n, w)
 		for _, d := range p.dims {
 			a.idx(d, w)

@@ -85,8 +85,16 @@ func TestPlanKinds(t *testing.T) {
 		t.Fatalf("scalar: %+v", p.spec)
 	}
 	p, _ = planOne(&kernels.Op{Name: kernels.OpAdd}, []kernels.Meta{f32(2, 8, 16), f32(16)})
-	if p.spec.rank != 2 || !slices.Equal(p.dims, []int{16, 16}) || !slices.Equal(p.strides[0], []int{0, 1}) {
+	if p.spec.rank != 2 || !p.spec.vec || !slices.Equal(p.dims, []int{16, 16}) || !slices.Equal(p.strides[0], []int{0, 1}) {
 		t.Fatalf("row broadcast: %+v dims %v strides %v", p.spec, p.dims, p.strides)
+	}
+	p, _ = planOne(&kernels.Op{Name: kernels.OpAdd}, []kernels.Meta{f32(2, 8, 15), f32(15)})
+	if p.spec.rank != 2 || p.spec.vec {
+		t.Fatalf("odd rows vectorised: %+v", p.spec)
+	}
+	p, _ = planOne(&kernels.Op{Name: kernels.OpSum, Axes: []int{1}}, []kernels.Meta{f32(100000, 64)})
+	if p.spec.red.mode != redWarpPerOut || p.grid[0] != 100000/8 {
+		t.Fatalf("short rows: %+v grid %v", p.spec.red, p.grid)
 	}
 	p, _ = planOne(&kernels.Op{Name: kernels.OpSum, Axes: []int{1}}, []kernels.Meta{f32(64, 1000)})
 	if p.spec.red.mode != redBlockPerOut || p.O != 64 || p.R != 1000 {
