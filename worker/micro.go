@@ -71,6 +71,11 @@ func (w *Worker) startService() error {
 		}
 	}
 	w.svc = svc
+	// The subscriptions reach the server before Start returns, so the
+	// service is visible to anyone who asks after that.
+	if err := w.nc.Flush(); err != nil {
+		return fmt.Errorf("worker: micro service: %w", err)
+	}
 	return nil
 }
 

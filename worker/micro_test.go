@@ -45,7 +45,7 @@ func TestMicroService(t *testing.T) {
 		t.Fatal(err)
 	}
 	for len(infos) < 2 {
-		m, err := sub.NextMsg(5 * time.Second)
+		m, err := sub.NextMsg(10 * time.Second)
 		if err != nil {
 			t.Fatalf("%s: %d answers, want 2: %v", subject, len(infos), err)
 		}
