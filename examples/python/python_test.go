@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/jetfabric/jetfabric/broker"
 	"github.com/jetfabric/jetfabric/broker/brokertest"
 	"github.com/jetfabric/jetfabric/kernels/cpu"
 	"github.com/jetfabric/jetfabric/worker"
@@ -18,9 +19,9 @@ import (
 
 // startFabric runs a broker and a worker serving cpu-0 and returns the
 // broker's client URL.
-func startFabric(t *testing.T) string {
+func startFabric(t *testing.T, edit ...func(*broker.Config)) string {
 	t.Helper()
-	b := brokertest.Run(t)
+	b := brokertest.Run(t, edit...)
 	nc, err := nats.Connect(b.ClientURL())
 	if err != nil {
 		t.Fatal(err)
@@ -50,14 +51,20 @@ func startFabric(t *testing.T) string {
 // exit code.
 func python(t *testing.T, args ...string) (string, int) {
 	t.Helper()
+	return python3(t, append([]string{"jetfabric_client.py"}, args...)...)
+}
+
+// python3 runs python3 with args in this directory.
+func python3(t *testing.T, args ...string) (string, int) {
+	t.Helper()
 	py, err := exec.LookPath("python3")
 	if err != nil {
 		t.Skip("python3 not on PATH")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, py, append([]string{"jetfabric_client.py"}, args...)...).CombinedOutput()
-	t.Logf("python3 jetfabric_client.py %s:\n%s", strings.Join(args, " "), out)
+	out, err := exec.CommandContext(ctx, py, args...).CombinedOutput()
+	t.Logf("python3 %s:\n%s", strings.Join(args, " "), out)
 	if err != nil {
 		ee, ok := err.(*exec.ExitError)
 		if !ok {
@@ -98,5 +105,34 @@ func TestPythonClientFailures(t *testing.T) {
 				t.Errorf("exit %d, output %q; want exit 1 and %q", code, out, c.want)
 			}
 		})
+	}
+}
+
+// TestPythonRefusals checks that the client reports what JetStream refuses:
+// a frame over the stream's message size, and a subject no stream captures.
+func TestPythonRefusals(t *testing.T) {
+	url := startFabric(t, func(c *broker.Config) { c.Provision.OpsMaxMsgSize = 64 << 10 })
+	script := `
+import sys, jetfabric_client as j
+nc = j.NatsConn(sys.argv[1])
+f = j.Fabric(nc)
+for name, fab, size in [("too large", f, 100000), ("no stream", j.Fabric(nc, "nostream"), 10)]:
+    try:
+        fab.publish_frame("cpu-0", "s1", {"v": 1, "ops": [{"op": "upload", "out": [1], "dtype": "u8", "shape": [size], "values": [0] * size}]}, "_INBOX_fabric.s1")
+        print(name, "accepted")
+    except j.FabricError as e:
+        print(name, "refused:", e)
+`
+	out, code := python3(t, "-c", script, url)
+	if code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	for _, want := range []string{
+		"too large refused: frame to fabric.ops.cpu-0.s1 refused by JetStream: message size exceeds maximum allowed",
+		"no stream refused: no responders on nostream.ops.cpu-0.s1",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q", want)
+		}
 	}
 }
