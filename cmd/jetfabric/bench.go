@@ -50,6 +50,13 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	upload := fs.Int("upload-mib", 64, "size of the upload and read-back in MiB (0 skips)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	echo := fs.String("serve-echo", "", "internal: serve the raw responder on this URL until stopped")
+	scale := fs.String("scale", "", "horizontal scaling instead: the same job sets on these numbers of worker processes, e.g. 1,2,4")
+	var sc scaleConfig
+	fs.IntVar(&sc.jobs, "scale-jobs", 32, "with -scale: jobs (sessions) in a set")
+	fs.IntVar(&sc.n, "scale-n", 256, "with -scale: matrix size of a job")
+	fs.IntVar(&sc.chain, "scale-chain", 8, "with -scale: matmuls in a job's chain")
+	fs.IntVar(&sc.sets, "scale-sets", 3, "with -scale: timed sets at each step")
+	fs.IntVar(&sc.cores, "worker-cores", 0, "with -scale: GOMAXPROCS of each worker (0: all)")
 	if err := parse(fs, args, stderr); err != nil {
 		return err
 	}
@@ -57,6 +64,13 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return serveEcho(ctx, *echo)
 	}
 	progress := func(format string, a ...any) { fmt.Fprintf(stderr, "bench: "+format+"\n", a...) }
+	if *scale != "" {
+		var err error
+		if sc.workers, err = parseScale(*scale); err != nil {
+			return err
+		}
+		return benchScale(ctx, sc, *asJSON, stdout, progress)
+	}
 	url, stop, err := benchFabric(ctx, *layout, progress)
 	if err != nil {
 		return err

@@ -1,0 +1,259 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jetfabric/jetfabric/client"
+)
+
+// scaleConfig is the horizontal scaling benchmark: the same set of
+// independent jobs on more and more worker processes. A job is one session:
+// a seeded n x n matrix, a chain of matmuls with it (tanh between them, to
+// keep the values bounded) and a read of the mean. The jobs of a set go
+// round robin over the live devices and all run at once.
+type scaleConfig struct {
+	workers []int // worker processes, increasing
+	jobs    int
+	n       int
+	chain   int
+	sets    int // timed sets per step
+	cores   int // GOMAXPROCS of each worker (0: all)
+}
+
+type scaleStep struct {
+	Workers  int     `json:"workers"`
+	Sets     int     `json:"sets"`
+	Jobs     int     `json:"jobs_per_set"`
+	Seconds  float64 `json:"seconds"`
+	JobsPerS float64 `json:"jobs_per_s"`
+	GFLOPs   float64 `json:"gflop_per_s"`
+}
+
+type scaleReport struct {
+	Machine     string      `json:"machine"`
+	WorkerCores string      `json:"worker_cores"`
+	Job         string      `json:"job"`
+	Steps       []scaleStep `json:"steps"`
+}
+
+func parseScale(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > 256 {
+			return nil, fmt.Errorf("-scale %q: want increasing worker counts from 1 to 256, e.g. 1,2,4", s)
+		}
+		if len(out) > 0 && n <= out[len(out)-1] {
+			return nil, fmt.Errorf("-scale %q: want increasing worker counts, e.g. 1,2,4", s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func (c scaleConfig) check() error {
+	switch {
+	case c.jobs < 1 || c.jobs > 4096:
+		return fmt.Errorf("-scale-jobs %d: want 1 to 4096", c.jobs)
+	case c.n < 1 || c.n > 4096:
+		return fmt.Errorf("-scale-n %d: want 1 to 4096", c.n)
+	case c.chain < 1 || c.chain > 1000:
+		return fmt.Errorf("-scale-chain %d: want 1 to 1000", c.chain)
+	case c.sets < 1:
+		return fmt.Errorf("-scale-sets %d: want at least 1", c.sets)
+	case c.cores < 0:
+		return fmt.Errorf("-worker-cores %d: want 0 (all) or more", c.cores)
+	}
+	return nil
+}
+
+// benchScale starts a broker process and adds worker processes (each
+// claiming a cpu slot) step by step, timing the job sets at each step.
+func benchScale(ctx context.Context, c scaleConfig, asJSON bool, stdout io.Writer, progress func(string, ...any)) error {
+	if err := c.check(); err != nil {
+		return err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "jetfabric-bench-scale-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	var procs []*exec.Cmd
+	defer func() {
+		for _, p := range procs {
+			_ = p.Process.Signal(syscall.SIGTERM)
+		}
+		for _, p := range procs {
+			_ = p.Wait()
+		}
+	}()
+	start := func(env []string, args ...string) error {
+		cmd := exec.Command(exe, args...)
+		cmd.Env = append(os.Environ(), env...)
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			return err
+		}
+		procs = append(procs, cmd)
+		return nil
+	}
+	port := freeLoopbackPort()
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	if err := start(nil, "broker", "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--http", "", "--store", dir); err != nil {
+		return err
+	}
+	if err := waitConnect(ctx, url); err != nil {
+		return err
+	}
+	cl, err := client.Connect(url)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	var env []string
+	cores := "all the machine's"
+	if c.cores > 0 {
+		env = []string{fmt.Sprintf("GOMAXPROCS=%d", c.cores)}
+		cores = strconv.Itoa(c.cores)
+	}
+	rep := scaleReport{
+		Machine:     fmt.Sprintf("%s/%s, %d CPUs", runtime.GOOS, runtime.GOARCH, runtime.NumCPU()),
+		WorkerCores: cores,
+		Job:         fmt.Sprintf("one session: %dx%d f32 uniform, %d x (matmul, tanh), mean, read", c.n, c.n, c.chain),
+	}
+	running := 0
+	for _, n := range c.workers {
+		for ; running < n; running++ {
+			if err := start(env, "worker", "--url", url, "--claim", "cpu", "--idle-timeout", "1h"); err != nil {
+				return err
+			}
+		}
+		devices, err := waitLiveDevices(ctx, cl, n)
+		if err != nil {
+			return err
+		}
+		if err := scaleSet(ctx, cl, devices, c); err != nil { // warm up
+			return err
+		}
+		t0 := time.Now()
+		for range c.sets {
+			if err := scaleSet(ctx, cl, devices, c); err != nil {
+				return err
+			}
+		}
+		el := time.Since(t0).Seconds()
+		jobs := float64(c.jobs * c.sets)
+		st := scaleStep{Workers: n, Sets: c.sets, Jobs: c.jobs, Seconds: el, JobsPerS: jobs / el,
+			GFLOPs: jobs * float64(c.chain) * 2 * math.Pow(float64(c.n), 3) / el / 1e9}
+		rep.Steps = append(rep.Steps, st)
+		progress("%d workers: %.1f jobs/s", n, st.JobsPerS)
+	}
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	fmt.Fprintf(stdout, "horizontal scaling: %d jobs a set, all at once, round robin over the devices; %s\n", c.jobs, rep.Machine)
+	fmt.Fprintf(stdout, "job: %s; worker processes with %s cores each, the broker in its own process, the client in this one\n", rep.Job, cores)
+	base := rep.Steps[0].JobsPerS
+	for _, st := range rep.Steps {
+		fmt.Fprintf(stdout, "%3d workers  %8.1f jobs/s  %7.2f GFLOP/s  %5.2fx\n", st.Workers, st.JobsPerS, st.GFLOPs, st.JobsPerS/base)
+	}
+	return nil
+}
+
+func freeLoopbackPort() int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 24222
+	}
+	defer l.Close()
+	_, p, _ := hostPort(l.Addr().String())
+	return p
+}
+
+// waitLiveDevices waits up to a minute for n live devices and returns
+// their names.
+func waitLiveDevices(ctx context.Context, c *client.Client, n int) ([]string, error) {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		devs, err := c.Devices(lctx)
+		cancel()
+		var names []string
+		for _, d := range devs {
+			if client.Live(d, time.Now()) {
+				names = append(names, d.Name)
+			}
+		}
+		if len(names) >= n {
+			return names, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("%d live devices after a minute, want %d (%v)", len(names), n, err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// scaleSet runs c.jobs jobs at once, round robin over devices.
+func scaleSet(ctx context.Context, cl *client.Client, devices []string, c scaleConfig) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	errs := make(chan error, c.jobs)
+	var wg sync.WaitGroup
+	for j := range c.jobs {
+		wg.Go(func() { errs <- scaleJob(ctx, cl, devices[j%len(devices)], uint64(j), c) })
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func scaleJob(ctx context.Context, cl *client.Client, device string, seed uint64, c scaleConfig) error {
+	s, err := cl.Open(ctx, device)
+	if err != nil {
+		return err
+	}
+	defer s.Close(ctx)
+	s.Seed(seed)
+	a := s.Uniform([]int{c.n, c.n}, -0.1, 0.1)
+	x := a
+	for range c.chain {
+		x = x.Matmul(a).Tanh()
+	}
+	v, err := x.Mean().Float32s(ctx)
+	if err != nil {
+		return fmt.Errorf("job on %s: %w", device, err)
+	}
+	if math.IsNaN(float64(v[0])) || math.Abs(float64(v[0])) > 1 {
+		return fmt.Errorf("job on %s: mean %v", device, v[0])
+	}
+	return nil
+}
