@@ -81,8 +81,12 @@ func (s *Session) onReply(m *nats.Msg) {
 		ch <- &r
 		return
 	}
-	// An answer nobody waits for (tag 0: an undecodable frame) still
-	// carries errors.
+	if r.Tag != 0 {
+		// A second answer to a read (a worker that took the device over
+		// replays frames), or one nobody waits for any more.
+		return
+	}
+	// The answer to an undecodable frame still carries errors.
 	for i := range r.Errors {
 		s.fail(&r.Errors[i])
 	}
@@ -238,6 +242,13 @@ func (s *Session) collect(remote []codec.Error) error {
 func (s *Session) Sync(ctx context.Context) error {
 	_, err := s.call(ctx, codec.Op{Op: "sync"})
 	return err
+}
+
+// Checkpoint asks the device to checkpoint every session's tensors after
+// the ops queued so far, so that a worker taking the device over replays
+// from there. Devices also checkpoint on their own timer.
+func (s *Session) Checkpoint() {
+	s.enqueue(codec.Op{Op: "checkpoint"}, 0)
 }
 
 // Seed sets the session's random seed for the ops queued after it.

@@ -68,6 +68,14 @@ type Config struct {
 	IdleTimeout time.Duration
 	// Heartbeat is how often the registry entry is refreshed.
 	Heartbeat time.Duration
+	// LeaseTTL is how long a device lease lives without renewal before a
+	// standby takes the device over; the holder renews it four times a
+	// TTL. It bounds the time from a worker's death to the takeover.
+	LeaseTTL time.Duration
+	// CheckpointInterval is how often a device's sessions are written to
+	// the checkpoint bucket, if frames ran since the last one (0: only on
+	// request and at a clean stop). Replay after a takeover starts there.
+	CheckpointInterval time.Duration
 	// Logf receives operational messages (nil: none).
 	Logf func(format string, args ...any)
 }
@@ -76,11 +84,13 @@ type Config struct {
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	return Config{
-		ID:          fmt.Sprintf("%s-%d", host, os.Getpid()),
-		Prefix:      subjects.DefaultPrefix,
-		Limits:      DefaultLimits(),
-		IdleTimeout: 10 * time.Minute,
-		Heartbeat:   2 * time.Second,
+		ID:                 fmt.Sprintf("%s-%d", host, os.Getpid()),
+		Prefix:             subjects.DefaultPrefix,
+		Limits:             DefaultLimits(),
+		IdleTimeout:        10 * time.Minute,
+		Heartbeat:          2 * time.Second,
+		LeaseTTL:           time.Second,
+		CheckpointInterval: 30 * time.Second,
 	}
 }
 
@@ -108,6 +118,10 @@ func (c Config) Validate() error {
 	switch {
 	case c.Heartbeat <= 0:
 		return fmt.Errorf("%w: heartbeat %v", ErrInvalidConfig, c.Heartbeat)
+	case c.LeaseTTL < 100*time.Millisecond:
+		return fmt.Errorf("%w: lease TTL %v is under 100ms", ErrInvalidConfig, c.LeaseTTL)
+	case c.CheckpointInterval < 0:
+		return fmt.Errorf("%w: checkpoint interval %v", ErrInvalidConfig, c.CheckpointInterval)
 	case c.IdleTimeout < 0:
 		return fmt.Errorf("%w: idle timeout %v", ErrInvalidConfig, c.IdleTimeout)
 	case c.Limits.MaxSessions <= 0 || c.Limits.MaxSessionBytes <= 0 || c.Limits.InlineBytes <= 0:

@@ -33,29 +33,91 @@ type device struct {
 	loopAt atomic.Int64
 	m      metrics
 
-	mu   sync.Mutex
-	iter jetstream.MessagesContext
+	mu    sync.Mutex
+	iter  jetstream.MessagesContext
+	lease *lease
+
+	// Checkpoint state, touched by the device loop only.
+	ckptSeq    uint64 // sequence of the last committed checkpoint
+	ckptObject string // its object
+	ckptWanted bool   // a checkpoint op asked for one after this frame
+	// quietTo: frames up to this sequence ran before the takeover; their
+	// reads were answered then, so replay does not answer them again.
+	quietTo uint64
+	stopErr error
 }
 
 func newDevice(w *Worker, cfg Device) *device {
 	return &device{w: w, cfg: cfg, sessions: map[string]*session{}, started: time.Now().UTC()}
 }
 
-// start registers the device and opens its ordered consumer. It resumes
-// after the last sequence a previous owner recorded as applied.
-func (d *device) start(ctx context.Context) error {
+// serve owns the device's lifecycle: take the lease (waiting as a standby
+// while another worker holds it), restore and replay, serve until the
+// worker stops or the lease is lost, and on a loss go back to standing by.
+// It reports on ready once, when the device serves or stands by.
+func (d *device) serve(ready chan<- error) {
 	w := d.w
-	var from uint64
+	once := sync.OnceFunc(func() { ready <- nil })
+	defer once()
+	for {
+		l, err := acquireLease(w.ctx, w.js, w.ctrl, w.names, d.cfg.Name, w.cfg.ID, w.cfg.LeaseTTL, func(holder string) {
+			w.logf("worker: %s: standby, the lease is held by %s", d.cfg.Name, holder)
+			once()
+		})
+		if err != nil {
+			d.close() // stopped while standing by
+			return
+		}
+		d.mu.Lock()
+		d.lease = l
+		d.mu.Unlock()
+		if err := d.takeOver(w.ctx); err != nil {
+			if w.ctx.Err() != nil {
+				d.stepDown(true)
+				d.close()
+				return
+			}
+			w.logf("worker: %s: take over: %v", d.cfg.Name, err)
+			d.stepDown(true)
+			select {
+			case <-w.stop:
+				d.close()
+				return
+			case <-time.After(w.cfg.LeaseTTL):
+			}
+			continue
+		}
+		once()
+		renewStop := make(chan struct{})
+		var renew sync.WaitGroup
+		renew.Go(func() { d.renewLoop(l, renewStop) })
+		d.run()
+		close(renewStop)
+		renew.Wait()
+		select {
+		case <-w.stop:
+			d.stopErr = d.finish()
+			return
+		default:
+		}
+		w.logf("worker: %s: lease lost; stepping down to standby", d.cfg.Name)
+		d.stepDown(false)
+	}
+}
+
+// takeOver restores the last checkpoint and opens the consumer after it.
+func (d *device) takeOver(ctx context.Context) error {
+	w := d.w
+	t0 := time.Now()
 	if e, err := w.ctrl.Get(ctx, subjects.DeviceKey(d.cfg.Name)); err == nil {
 		var prev codec.Device
 		if json.Unmarshal(e.Value(), &prev) == nil {
-			if prev.State == "serving" && time.Since(prev.Beat) < 3*w.cfg.Heartbeat && prev.Worker != w.cfg.ID {
-				return fmt.Errorf("worker: device %s is served by %s (last heartbeat %v ago)", d.cfg.Name, prev.Worker, time.Since(prev.Beat).Round(time.Millisecond))
-			}
-			from = prev.Applied
+			d.quietTo = prev.Applied
 		}
-	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
-		return fmt.Errorf("worker: registry %s: %w", d.cfg.Name, err)
+	}
+	from, err := d.restore(ctx)
+	if err != nil {
+		return err
 	}
 	d.applied.Store(from)
 	cc := jetstream.OrderedConsumerConfig{
@@ -77,7 +139,89 @@ func (d *device) start(ctx context.Context) error {
 	d.mu.Lock()
 	d.iter = it
 	d.mu.Unlock()
-	return w.register(ctx, d, "serving")
+	if err := w.register(ctx, d, "serving"); err != nil {
+		it.Stop()
+		return err
+	}
+	w.logf("worker: %s: serving (restored %d sessions at sequence %d in %v)", d.cfg.Name, len(d.sessions), from, time.Since(t0).Round(time.Millisecond))
+	return nil
+}
+
+// renewLoop renews the lease four times a TTL until stop; on a loss it
+// halts the device loop.
+func (d *device) renewLoop(l *lease, stop <-chan struct{}) {
+	t := time.NewTicker(d.w.cfg.LeaseTTL / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), d.w.cfg.LeaseTTL)
+		err := l.renew(ctx)
+		cancel()
+		if errors.Is(err, ErrLeaseLost) {
+			d.halt()
+			return
+		} else if err != nil {
+			d.w.logf("worker: %s: %v", d.cfg.Name, err)
+		}
+	}
+}
+
+// finish ends a clean stop: a last checkpoint, the registry entry marked
+// stopped, the lease given up.
+func (d *device) finish() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var errs []error
+	if _, err := d.checkpoint(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	if err := d.w.register(ctx, d, "stopped"); err != nil {
+		errs = append(errs, err)
+	}
+	if l := d.currentLease(); l != nil {
+		errs = append(errs, l.release(ctx))
+	}
+	d.close()
+	return errors.Join(errs...)
+}
+
+// stepDown drops everything the device holds after losing (or failing to
+// use) its lease. Nothing is written: the new owner's state is the truth.
+func (d *device) stepDown(release bool) {
+	d.halt()
+	d.mu.Lock()
+	l := d.lease
+	d.lease, d.iter = nil, nil
+	d.mu.Unlock()
+	if release && l != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), d.w.cfg.LeaseTTL)
+		_ = l.release(ctx)
+		cancel()
+	}
+	for id, s := range d.sessions {
+		s.freeAll(d.cfg.Backend)
+		delete(d.sessions, id)
+	}
+	d.sessionCount.Store(0)
+	d.m.tensorBytes.Store(0)
+	d.applied.Store(0)
+	d.ckptSeq, d.ckptObject, d.ckptWanted, d.quietTo = 0, "", false, 0
+}
+
+func (d *device) currentLease() *lease {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.lease
+}
+
+// serving reports whether this worker holds the device now.
+func (d *device) serving() bool {
+	l := d.currentLease()
+	return l != nil && l.held()
 }
 
 // run consumes frames in stream order until halt.
@@ -85,7 +229,11 @@ func (d *device) run() {
 	d.mu.Lock()
 	it := d.iter
 	d.mu.Unlock()
+	if it == nil {
+		return
+	}
 	idleCheck := time.Now()
+	lastCkpt := idleCheck
 	d.loopAt.Store(idleCheck.UnixNano())
 	for {
 		msg, err := it.Next(jetstream.NextMaxWait(time.Second))
@@ -103,7 +251,17 @@ func (d *device) run() {
 			case <-time.After(100 * time.Millisecond):
 			}
 		}
-		if now := time.Now(); now.Sub(idleCheck) > time.Second {
+		now := time.Now()
+		if iv := d.w.cfg.CheckpointInterval; d.ckptWanted || (iv > 0 && now.Sub(lastCkpt) >= iv) {
+			d.ckptWanted = false
+			lastCkpt = now
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			if _, err := d.checkpoint(ctx); err != nil {
+				d.w.logf("worker: %s: %v", d.cfg.Name, err)
+			}
+			cancel()
+		}
+		if now.Sub(idleCheck) > time.Second {
 			d.evictIdle(now)
 			idleCheck = now
 			d.loopAt.Store(now.UnixNano())
@@ -161,6 +319,9 @@ func (d *device) handle(msg jetstream.Msg) {
 	defer d.applied.Store(seq)
 	hdr := msg.Headers()
 	reply := hdr.Get(subjects.HeaderReply)
+	if seq <= d.quietTo {
+		reply = "" // answered before the takeover
+	}
 	enc, encErr := codec.EncodingOf(hdr.Get(subjects.HeaderContentType))
 	fail := func(code, format string, args ...any) codec.Error {
 		d.m.countError(code)

@@ -23,6 +23,8 @@ const (
 	opFree   = "free"
 	opSeed   = "seed"
 	opClose  = "close"
+	// opCheckpoint asks for a checkpoint of the device after this frame.
+	opCheckpoint = "checkpoint"
 )
 
 // exec runs the ops of one frame for one session.
@@ -78,6 +80,8 @@ func (x *exec) op(i int, op *codec.Op) (closed bool) {
 		}
 	case opSeed:
 		x.s.seed = op.Seed
+	case opCheckpoint:
+		x.d.ckptWanted = true
 	case opClose:
 		x.s.freeAll(x.d.cfg.Backend)
 		if op.Tag != 0 {

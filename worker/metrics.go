@@ -34,6 +34,15 @@ type metrics struct {
 	// pending is the number of the device's frames in the stream after
 	// the last one handled, as JetStream counted when it delivered it.
 	pending atomic.Uint64
+	// checkpoints committed, their total time and the size of the last.
+	checkpoints, ckptNanos, ckptBytes atomic.Uint64
+}
+
+// checkpoint records a committed checkpoint of size bytes that took took.
+func (m *metrics) checkpoint(took time.Duration, size int64) {
+	m.checkpoints.Add(1)
+	m.ckptNanos.Add(uint64(took))
+	m.ckptBytes.Store(uint64(size))
 }
 
 // ioCount is what one frame moved; the device loop adds it to metrics at
@@ -103,6 +112,12 @@ func (w *Worker) WriteMetrics(out io.Writer) error {
 			func(d *device) float64 { return float64(d.applied.Load()) }},
 		{"jetfabric_device_lag_frames", "gauge", "The device's frames in the stream after the last one handled (JetStream's count at its delivery).",
 			func(d *device) float64 { return float64(d.m.pending.Load()) }},
+		{"jetfabric_device_checkpoints_total", "counter", "Checkpoints committed.",
+			func(d *device) float64 { return float64(d.m.checkpoints.Load()) }},
+		{"jetfabric_device_checkpoint_seconds_total", "counter", "Time spent writing and committing checkpoints.",
+			func(d *device) float64 { return float64(d.m.ckptNanos.Load()) / 1e9 }},
+		{"jetfabric_device_checkpoint_bytes", "gauge", "Size of the last checkpoint.",
+			func(d *device) float64 { return float64(d.m.ckptBytes.Load()) }},
 		{"jetfabric_device_loop_age_seconds", "gauge", "Time since the device loop last came round (at most about 1 s when healthy).",
 			func(d *device) float64 { return now.Sub(time.Unix(0, d.loopAt.Load())).Seconds() }},
 	} {

@@ -25,12 +25,15 @@ type Worker struct {
 	js    jetstream.JetStream
 	ctrl  jetstream.KeyValue
 	xfer  *objectstore.Store
+	ckpt  *objectstore.Store
 
 	devices []*device
 	svc     micro.Service // see micro.go
 
 	stopOnce sync.Once
 	stop     chan struct{}
+	ctx      context.Context // cancelled by Stop; bounds lease waits
+	cancel   context.CancelFunc
 	wg       sync.WaitGroup
 }
 
@@ -46,14 +49,18 @@ func New(nc *nats.Conn, cfg Config) (*Worker, error) {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
 	w := &Worker{cfg: cfg, names: names, nc: nc, js: js, stop: make(chan struct{})}
+	w.ctx, w.cancel = context.WithCancel(context.Background())
 	for _, d := range cfg.Devices {
 		w.devices = append(w.devices, newDevice(w, d))
 	}
 	return w, nil
 }
 
-// Start waits for the fabric's stream and buckets, registers every device
-// and starts their loops. It returns once every device consumes its ops.
+// Start waits for the fabric's stream and buckets, then starts every
+// device: each takes its device's lease, restores the last checkpoint,
+// replays the frames after it and serves; a device whose lease another live
+// worker holds waits as a standby and takes over when that worker stops
+// renewing it. Start returns once every device is serving or standing by.
 func (w *Worker) Start(ctx context.Context) error {
 	if err := waitProvisioned(ctx, w.js, w.names); err != nil {
 		return err
@@ -65,14 +72,24 @@ func (w *Worker) Start(ctx context.Context) error {
 	if w.xfer, err = objectstore.New(w.js, w.names.XferBucket()); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
-	for _, d := range w.devices {
-		if err := d.start(ctx); err != nil {
-			w.Stop(context.Background())
-			return err
-		}
+	if w.ckpt, err = objectstore.New(w.js, w.names.CkptBucket()); err != nil {
+		return fmt.Errorf("worker: %w", err)
 	}
+	ready := make(chan error, len(w.devices))
 	for _, d := range w.devices {
-		w.wg.Go(d.run)
+		w.wg.Go(func() { d.serve(ready) })
+	}
+	for range w.devices {
+		select {
+		case err := <-ready:
+			if err != nil {
+				w.Stop(context.Background())
+				return err
+			}
+		case <-ctx.Done():
+			w.Stop(context.Background())
+			return fmt.Errorf("worker: start: %w", ctx.Err())
+		}
 	}
 	w.wg.Go(w.heartbeat)
 	if err := w.startService(); err != nil {
@@ -93,6 +110,9 @@ func waitProvisioned(ctx context.Context, js jetstream.JetStream, names subjects
 		if err == nil {
 			_, err = js.ObjectStore(cctx, names.XferBucket())
 		}
+		if err == nil {
+			_, err = js.ObjectStore(cctx, names.CkptBucket())
+		}
 		cancel()
 		if err == nil {
 			return nil
@@ -105,12 +125,15 @@ func waitProvisioned(ctx context.Context, js jetstream.JetStream, names subjects
 	}
 }
 
-// Stop ends every device loop, marks the devices stopped in the registry
-// and waits for the worker's goroutines, or for ctx. Safe to call twice.
+// Stop ends every device loop. A device that is serving writes a final
+// checkpoint, is marked stopped in the registry and gives its lease up, so
+// a standby takes over at once. Stop waits for the worker's goroutines, or
+// for ctx. Safe to call twice.
 func (w *Worker) Stop(ctx context.Context) error {
 	w.stopOnce.Do(func() {
 		w.stopService()
 		close(w.stop)
+		w.cancel()
 		for _, d := range w.devices {
 			d.halt()
 		}
@@ -124,10 +147,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 	}
 	var errs []error
 	for _, d := range w.devices {
-		if w.ctrl != nil {
-			errs = append(errs, w.register(ctx, d, "stopped"))
-		}
-		d.close()
+		errs = append(errs, d.stopErr)
 	}
 	return errors.Join(errs...)
 }
@@ -149,8 +169,11 @@ func (w *Worker) heartbeat() {
 	defer t.Stop()
 	for {
 		for _, d := range w.devices {
+			if !d.serving() {
+				continue
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), w.cfg.Heartbeat)
-			if err := w.register(ctx, d, "serving"); err != nil {
+			if err := w.register(ctx, d, "serving"); err != nil && !errors.Is(err, ErrLeaseLost) {
 				w.logf("worker: heartbeat %s: %v", d.cfg.Name, err)
 			}
 			cancel()
@@ -163,12 +186,17 @@ func (w *Worker) heartbeat() {
 	}
 }
 
+// register writes the device's registry entry, fenced on its lease.
 func (w *Worker) register(ctx context.Context, d *device, state string) error {
 	b, err := json.Marshal(w.entry(d, state))
 	if err != nil {
 		return err
 	}
-	if _, err := w.ctrl.Put(ctx, subjects.DeviceKey(d.cfg.Name), b); err != nil {
+	l := d.currentLease()
+	if l == nil {
+		return ErrLeaseLost
+	}
+	if err := l.write(ctx, subjects.DeviceKey(d.cfg.Name), b); err != nil {
 		return fmt.Errorf("worker: register %s: %w", d.cfg.Name, err)
 	}
 	return nil

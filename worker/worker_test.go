@@ -301,22 +301,34 @@ func TestRegistryAndStop(t *testing.T) {
 	if d := get("cpu-1"); d.State != "serving" || d.Kind != "cpu" || d.Backend != "cpu" || d.Cores != 2 {
 		t.Errorf("registry entry %+v", d)
 	}
-	// A second worker may not take a device that is being served.
+	// A second worker on cpu-0 stands by while the first holds the lease,
+	// and takes over when it stops.
 	nc2, _ := nats.Connect(b.ClientURL())
 	defer nc2.Close()
 	cfg := worker.DefaultConfig()
 	cfg.ID = "other"
+	cfg.Heartbeat = 100 * time.Millisecond
 	cfg.Devices = []worker.Device{{Name: "cpu-0", Kind: "cpu", Backend: cpu.New()}}
 	w2, _ := worker.New(nc2, cfg)
-	if err := w2.Start(context.Background()); err == nil || !strings.Contains(err.Error(), "is served by") {
-		t.Errorf("second worker on cpu-0: %v", err)
+	if err := w2.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer w2.Stop(context.Background())
+	if d := get("cpu-0"); d.Worker == "other" {
+		t.Fatalf("standby took a device that is being served: %+v", d)
 	}
 	if err := w.Stop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if d := get("cpu-0"); d.State != "stopped" {
+	if d := get("cpu-1"); d.State != "stopped" {
 		t.Errorf("after stop: %+v", d)
 	}
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		if d := get("cpu-0"); d.Worker != "other" || d.State != "serving" {
+			return fmt.Errorf("cpu-0 after the owner stopped: %+v", d)
+		}
+		return nil
+	})
 }
 
 func TestBadConfig(t *testing.T) {

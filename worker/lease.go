@@ -1,0 +1,188 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetfabric/jetfabric/subjects"
+)
+
+// ErrLeaseLost: another worker owns the device now; the holder must stop
+// writing and step down.
+var ErrLeaseLost = errors.New("worker: device lease lost")
+
+// leaseValue is the JSON value of lease.<device>.
+type leaseValue struct {
+	Worker   string    `json:"worker"`
+	Acquired time.Time `json:"acquired"`
+}
+
+// lease is one device's ownership in FABRIC_CTRL. The holder renews it by
+// compare-and-set on its revision; a standby that sees the revision
+// unchanged for the lease TTL takes it by compare-and-set too, so at most
+// one worker holds a given revision. Every durable write of the holder
+// (checkpoints, registry entries) names the revision it holds, and the
+// server refuses it once the lease has moved on: a paused worker that wakes
+// up cannot overwrite its successor's state.
+type lease struct {
+	js     jetstream.JetStream
+	kv     jetstream.KeyValue
+	names  subjects.Names
+	device string
+	worker string
+	ttl    time.Duration
+
+	mu  sync.Mutex // serialises renewals and fenced writes
+	rev uint64
+}
+
+// leaseStoreTTL is how long the server keeps an abandoned lease key; the
+// takeover decision does not wait for it (see acquire).
+const leaseStoreTTL = time.Minute
+
+// acquireLease returns once this worker holds the device's lease, waiting
+// as a standby while a live holder renews it, or until ctx ends.
+// onStandby is called once if the lease was held by someone else.
+func acquireLease(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, names subjects.Names,
+	device, worker string, ttl time.Duration, onStandby func(holder string)) (*lease, error) {
+	l := &lease{js: js, kv: kv, names: names, device: device, worker: worker, ttl: ttl}
+	key := subjects.LeaseKey(device)
+	val, _ := json.Marshal(leaseValue{Worker: worker, Acquired: time.Now().UTC()})
+	var seenRev uint64
+	var seenAt time.Time
+	told := false
+	for {
+		e, err := kv.Get(ctx, key)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted):
+			rev, err := kv.Create(ctx, key, val, jetstream.KeyTTL(leaseStoreTTL))
+			if err == nil {
+				l.rev = rev
+				return l, nil
+			}
+			if !errors.Is(err, jetstream.ErrKeyExists) {
+				return nil, fmt.Errorf("worker: lease %s: %w", device, err)
+			}
+		case err != nil:
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("worker: lease %s: %w", device, ctx.Err())
+			}
+		default:
+			var held leaseValue
+			_ = json.Unmarshal(e.Value(), &held)
+			if held.Worker == worker {
+				// Our own lease from before a restart: take it back at once.
+				if rev, err := l.put(ctx, val, e.Revision()); err == nil {
+					l.rev = rev
+					return l, nil
+				}
+			}
+			if e.Revision() != seenRev {
+				seenRev, seenAt = e.Revision(), time.Now()
+				if !told && onStandby != nil {
+					onStandby(held.Worker)
+					told = true
+				}
+			} else if time.Since(seenAt) >= ttl {
+				// Not renewed for a whole TTL: the holder is gone or paused.
+				if rev, err := l.put(ctx, val, seenRev); err == nil {
+					l.rev = rev
+					return l, nil
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("worker: lease %s: %w", device, ctx.Err())
+		case <-time.After(ttl / 8):
+		}
+	}
+}
+
+// put writes the lease value if the key's last revision is rev.
+func (l *lease) put(ctx context.Context, val []byte, rev uint64) (uint64, error) {
+	ack, err := l.js.Publish(ctx, l.names.CtrlSubject(subjects.LeaseKey(l.device)), val,
+		jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(leaseStoreTTL))
+	if err != nil {
+		return 0, err
+	}
+	return ack.Sequence, nil
+}
+
+// renew extends the lease. ErrLeaseLost means another worker took it.
+func (l *lease) renew(ctx context.Context) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.rev == 0 {
+		return ErrLeaseLost
+	}
+	val, _ := json.Marshal(leaseValue{Worker: l.worker, Acquired: time.Now().UTC()})
+	rev, err := l.put(ctx, val, l.rev)
+	if err != nil {
+		if isWrongSequence(err) {
+			l.rev = 0
+			return fmt.Errorf("%w: %s", ErrLeaseLost, l.device)
+		}
+		return fmt.Errorf("worker: renew lease %s: %w", l.device, err)
+	}
+	l.rev = rev
+	return nil
+}
+
+// write puts value under key in the control bucket, fenced on the lease:
+// the server refuses it unless the lease's last revision is still ours.
+func (l *lease) write(ctx context.Context, key string, value []byte) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.rev == 0 {
+		return ErrLeaseLost
+	}
+	_, err := l.js.PublishMsg(ctx, &nats.Msg{Subject: l.names.CtrlSubject(key), Data: value},
+		jetstream.WithExpectLastSequenceForSubject(l.rev, l.names.CtrlSubject(subjects.LeaseKey(l.device))))
+	if err != nil {
+		if isWrongSequence(err) {
+			l.rev = 0
+			return fmt.Errorf("%w: %s: write of %s refused", ErrLeaseLost, l.device, key)
+		}
+		return fmt.Errorf("worker: write %s: %w", key, err)
+	}
+	return nil
+}
+
+// release gives the lease up so a standby can take over at once.
+func (l *lease) release(ctx context.Context) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.rev == 0 {
+		return nil
+	}
+	err := l.kv.Delete(ctx, subjects.LeaseKey(l.device), jetstream.LastRevision(l.rev))
+	l.rev = 0
+	if err != nil && !isWrongSequence(err) {
+		return fmt.Errorf("worker: release lease %s: %w", l.device, err)
+	}
+	return nil
+}
+
+// held reports whether the lease is still believed held.
+func (l *lease) held() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.rev != 0
+}
+
+func isWrongSequence(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+		return true
+	}
+	return errors.Is(err, jetstream.ErrKeyExists)
+}
