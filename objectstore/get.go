@@ -210,9 +210,9 @@ func (r *reader) run(ctx context.Context) error {
 		r.retries++
 		if r.retries > r.s.opts.retries {
 			if errors.Is(err, errInconsistent) {
-				return fmt.Errorf("%w: %q in bucket %s: %v (after %d retries)", ErrDigest, r.name, r.s.bucket, err, r.s.opts.retries)
+				return fmt.Errorf("%w: %q in bucket %s: %v (gave up after %d retries)", ErrDigest, r.name, r.s.bucket, err, r.s.opts.retries)
 			}
-			return fmt.Errorf("objectstore: %s: get %q: %w (after %d retries)", r.s.bucket, r.name, err, r.s.opts.retries)
+			return fmt.Errorf("objectstore: %s: get %q: %w (gave up after %d retries)", r.s.bucket, r.name, err, r.s.opts.retries)
 		}
 		if err := sleepCtx(ctx, backoff(r.retries, 2*time.Millisecond)); err != nil {
 			return fmt.Errorf("objectstore: %s: get %q: %w", r.s.bucket, r.name, err)

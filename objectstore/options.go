@@ -7,10 +7,11 @@ import (
 
 // Defaults; see the package documentation for how they were chosen.
 const (
-	// DefaultChunkSize is the payload of one chunk message: 1 MiB.
-	DefaultChunkSize = 1 << 20
-	// DefaultWindow is how many chunks a writer keeps unacknowledged.
-	DefaultWindow = 32
+	// DefaultChunkSize is the payload of one chunk message: 256 KiB.
+	DefaultChunkSize = 256 << 10
+	// DefaultWindow is how many chunks a writer keeps unacknowledged:
+	// 16 MiB with the default chunk size.
+	DefaultWindow = 64
 	// DefaultRetries is how many times a writer or reader starts over
 	// from the last good chunk after a refusal, a timeout or a replica
 	// that lags.

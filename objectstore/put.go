@@ -52,49 +52,95 @@ const (
 	chunkFailed
 )
 
-// hashBlock is how much the digest goroutine hashes between checks for
+// hashBlock is how much an unpaced digest hashes between checks for
 // cancellation.
 const hashBlock = 4 << 20
 
-// digester computes the SHA-256 of data on its own goroutine, so hashing
-// overlaps with publishing. Its owner calls wait (or stop) before it
-// returns.
-type digester struct {
+// leadChunks is how far a paced digest may run ahead of the publisher.
+const leadChunks = 4
+
+// digest computes the SHA-256 of data on its own goroutine, so hashing
+// and publishing use two cores. A paced digest (for a writer) hashes chunk
+// by chunk and stays at most leadChunks ahead of the publisher, which
+// waits in ready until the chunk it sends next is hashed: the publisher
+// then copies a chunk that is still in cache, and a slow publisher holds
+// the digest back instead of racing it through memory. Its owner calls
+// wait or stop before returning.
+type digest struct {
+	data  []byte
+	chunk int
+	ahead chan struct{} // a token per hashed chunk; nil when unpaced
+	taken int           // tokens taken by ready
+
 	stopped atomic.Bool
 	wg      sync.WaitGroup
 	sum     [sha256.Size]byte
-	done    bool
 }
 
-func startDigest(data []byte) *digester {
-	d := &digester{}
+func startDigest(data []byte, chunk int, paced bool) *digest {
+	d := &digest{data: data, chunk: chunk}
+	if paced {
+		d.ahead = make(chan struct{}, leadChunks)
+	}
 	d.wg.Go(func() {
+		if d.ahead != nil {
+			defer close(d.ahead)
+		}
 		h := sha256.New()
-		for off := 0; off < len(data); off += hashBlock {
+		for off := 0; off < len(data); off += chunk {
 			if d.stopped.Load() {
 				return
 			}
-			h.Write(data[off:min(off+hashBlock, len(data))])
+			h.Write(data[off:min(off+chunk, len(data))])
+			if d.ahead != nil {
+				d.ahead <- struct{}{}
+			}
 		}
 		h.Sum(d.sum[:0])
-		d.done = true
 	})
 	return d
 }
 
-func (d *digester) wait() [sha256.Size]byte {
+// ready returns once chunk i is hashed (at once when unpaced).
+func (d *digest) ready(ctx context.Context, i int) error {
+	if d.ahead == nil {
+		return nil
+	}
+	for ; d.taken <= i; d.taken++ {
+		select {
+		case <-d.ahead:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// wait returns the digest of all the data.
+func (d *digest) wait() [sha256.Size]byte {
+	d.drain()
 	d.wg.Wait()
 	return d.sum
 }
 
-func (d *digester) stop() {
+// stop abandons the digest and waits for its goroutine.
+func (d *digest) stop() {
 	d.stopped.Store(true)
+	d.drain()
 	d.wg.Wait()
+}
+
+func (d *digest) drain() {
+	if d.ahead != nil {
+		for range d.ahead {
+		}
+	}
 }
 
 // writer publishes one object's chunks with a bounded window.
 type writer struct {
 	s      *Store
+	dig    *digest
 	name   string
 	data   []byte
 	chunk  int
@@ -123,6 +169,7 @@ type writer struct {
 	lastErr  error
 	retries  int
 	rewound  bool
+	metaSent bool // the meta may be stored: a rollback must undo it
 
 	prevAsked bool
 	prevDone  bool
@@ -153,7 +200,8 @@ func (s *Store) putObject(ctx context.Context, name string, data []byte, meta ma
 	}
 	w.nuid = newNUID()
 	w.subj = chunkSubject(s.bucket, w.nuid)
-	dig := startDigest(data)
+	dig := startDigest(data, chunk, true)
+	w.dig = dig
 	if err := w.subscribe(); err != nil {
 		dig.stop()
 		return nil, err
@@ -233,6 +281,9 @@ func (w *writer) sendAll(ctx context.Context) error {
 	for {
 		if w.failedAt < 0 {
 			for w.next < w.n && w.inflight < w.window {
+				if err := w.dig.ready(ctx, w.next); err != nil {
+					return fmt.Errorf("objectstore: %s: put %q: %w", w.s.bucket, w.name, err)
+				}
 				if err := w.send(w.next); err != nil {
 					return err
 				}
@@ -243,12 +294,14 @@ func (w *writer) sendAll(ctx context.Context) error {
 					return nil
 				}
 				// After a rewind, check that the subject holds exactly
-				// our chunks before the meta makes them visible.
-				if err := w.verifyCount(ctx); err == nil {
+				// our chunks before the meta makes them visible; if not,
+				// start over on a new subject.
+				err := w.verifyCount(ctx)
+				if err == nil {
 					return nil
-				} else if err := w.fail(0, true, err); err != nil {
-					return err
 				}
+				w.fail(0, true, err)
+				continue
 			}
 		} else if w.inflight == 0 {
 			if err := w.rewind(ctx); err != nil {
@@ -308,7 +361,8 @@ func (w *writer) handle(m *nats.Msg) error {
 		return nil
 	case retry:
 		w.state[i] = chunkFailed
-		return w.fail(i, false, err)
+		w.fail(i, false, err)
+		return nil
 	default:
 		w.state[i] = chunkFailed
 		return fmt.Errorf("%w: %s: put %q: chunk %d: %v", ErrRefused, w.s.bucket, w.name, i, err)
@@ -337,7 +391,7 @@ func ackResult(m *nats.Msg) (retry bool, err error) {
 
 // fail records a retryable failure at chunk i: sending stops, and once
 // nothing is in flight the writer rewinds.
-func (w *writer) fail(i int, timedOut bool, err error) error {
+func (w *writer) fail(i int, timedOut bool, err error) {
 	if w.failedAt < 0 || i < w.failedAt {
 		w.failedAt = i
 	}
@@ -347,7 +401,6 @@ func (w *writer) fail(i int, timedOut bool, err error) error {
 		w.throttle = true
 	}
 	w.lastErr = err
-	return nil
 }
 
 // expire gives up on every chunk whose ack is overdue.
@@ -356,7 +409,7 @@ func (w *writer) expire(now time.Time) {
 		if w.state[i] == chunkInFlight && now.Sub(w.sentAt[i]) >= w.s.opts.timeout {
 			w.state[i] = chunkFailed
 			w.inflight--
-			_ = w.fail(i, true, fmt.Errorf("no ack for chunk %d within %v", i, w.s.opts.timeout))
+			w.fail(i, true, fmt.Errorf("no ack for chunk %d within %v", i, w.s.opts.timeout))
 		}
 	}
 }
@@ -368,7 +421,7 @@ func (w *writer) expire(now time.Time) {
 func (w *writer) rewind(ctx context.Context) error {
 	w.retries++
 	if w.retries > w.s.opts.retries {
-		return fmt.Errorf("%w: %s: put %q: chunk %d: %v (after %d retries)", ErrRefused, w.s.bucket, w.name, w.failedAt, w.lastErr, w.s.opts.retries)
+		return fmt.Errorf("%w: %s: put %q: chunk %d: %v (gave up after %d retries)", ErrRefused, w.s.bucket, w.name, w.failedAt, w.lastErr, w.s.opts.retries)
 	}
 	if err := sleepCtx(ctx, backoff(w.retries, 20*time.Millisecond)); err != nil {
 		return fmt.Errorf("objectstore: %s: put %q: %w", w.s.bucket, w.name, err)
@@ -437,7 +490,7 @@ func (w *writer) writeMeta(ctx context.Context, oi *jetstream.ObjectInfo) error 
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
 			if attempt > w.s.opts.retries {
-				return fmt.Errorf("%w: %s: put %q: meta: %v (after %d retries)", ErrRefused, w.s.bucket, w.name, w.lastErr, w.s.opts.retries)
+				return fmt.Errorf("%w: %s: put %q: meta: %v (gave up after %d retries)", ErrRefused, w.s.bucket, w.name, w.lastErr, w.s.opts.retries)
 			}
 			if err := sleepCtx(ctx, backoff(attempt, 20*time.Millisecond)); err != nil {
 				return fmt.Errorf("objectstore: %s: put %q: %w", w.s.bucket, w.name, err)
@@ -446,6 +499,7 @@ func (w *writer) writeMeta(ctx context.Context, oi *jetstream.ObjectInfo) error 
 		if err := w.s.nc.PublishMsg(m); err != nil {
 			return fmt.Errorf("objectstore: %s: put %q: publish meta: %w", w.s.bucket, w.name, err)
 		}
+		w.metaSent = true
 		timer.Reset(w.s.opts.timeout)
 	wait:
 		for {
@@ -519,11 +573,14 @@ func (w *writer) dropOld(ctx context.Context) {
 	w.purgeQuietly(ctx, p.NUID)
 }
 
-// rollback waits briefly for chunks still in flight, then purges every
-// subject this writer used.
+// rollback waits briefly for chunks still in flight, undoes the meta if
+// it may have been stored, then purges every subject this writer used.
 func (w *writer) rollback(ctx context.Context) {
 	ctx, cancel := w.s.cleanupContext(ctx)
 	defer cancel()
+	if w.metaSent {
+		w.undoMeta(ctx)
+	}
 	grace := time.NewTimer(min(w.s.opts.timeout, 2*time.Second))
 	defer grace.Stop()
 	for w.inflight > 0 {
@@ -541,6 +598,24 @@ func (w *writer) rollback(ctx context.Context) {
 	for _, nuid := range append(w.abandoned, w.nuid) {
 		w.purgeQuietly(ctx, nuid)
 	}
+}
+
+// undoMeta runs when the meta's ack did not come: if the meta was stored
+// after all, the previous object's meta is put back, or a delete marker
+// when there was none, so that no meta points at purged chunks.
+func (w *writer) undoMeta(ctx context.Context) {
+	w.waitPrev(ctx)
+	cur, _, err := w.s.readMeta(ctx, w.name)
+	if err != nil || cur.NUID != w.nuid {
+		return
+	}
+	if p := w.prev; p != nil && !p.Deleted {
+		restored := *p
+		restored.ModTime = time.Time{}
+		_ = w.s.publishMeta(ctx, &restored)
+		return
+	}
+	_ = w.s.markDeleted(ctx, cur)
 }
 
 func (w *writer) purgeQuietly(ctx context.Context, nuid string) {

@@ -115,7 +115,7 @@ func checkFor(t testing.TB, total, step time.Duration, fn func() error) {
 func TestRoundTrip(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	const chunk = 1 << 20
+	const chunk = objectstore.DefaultChunkSize
 	stores := map[string]*objectstore.Store{
 		"default": e.store(t),
 		// Small chunks and a small read-ahead: many chunks, many batches.
