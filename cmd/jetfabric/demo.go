@@ -42,10 +42,13 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	defer c.Close()
-	return demo(ctx, c, *device, *chain, stdout)
+	progress := func(format string, a ...any) { fmt.Fprintf(stderr, "demo: "+format+"\n", a...) }
+	return demo(ctx, c, *device, *chain, stdout, progress)
 }
 
-func demo(ctx context.Context, c *client.Client, device string, chain int, out io.Writer) error {
+// demo runs the checked workload, printing results on out and a line on
+// progress as each step starts.
+func demo(ctx context.Context, c *client.Client, device string, chain int, out io.Writer, progress func(string, ...any)) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	devs, err := c.Devices(ctx)
@@ -74,6 +77,7 @@ func demo(ctx context.Context, c *client.Client, device string, chain int, out i
 	// 1. Upload two matrices, multiply, run a chain of elementwise ops and
 	// reductions, and check against the same maths done here.
 	const n = 256
+	progress("1/5: matmul %dx%d, elementwise ops and reductions, checked against a local reference", n, n)
 	a, b := make([]float32, n*n), make([]float32, n*n)
 	for i := range a {
 		a[i] = float32(math.Sin(float64(i))) / 4
@@ -102,6 +106,7 @@ func demo(ctx context.Context, c *client.Client, device string, chain int, out i
 	fmt.Fprintf(out, "matmul %dx%d, tanh, add, relu, sum, mean: checked against a local reference (mean %.6f) in %v\n", n, n, gotMean[0], time.Since(start).Round(time.Microsecond))
 
 	// 2. A chain of dependent ops: order is execution order.
+	progress("2/5: a chain of %d dependent ops", 2*chain)
 	start = time.Now()
 	x, one := s.Full([]int{1}, 0), s.Full([]int{1}, 1)
 	for range chain {
@@ -120,6 +125,7 @@ func demo(ctx context.Context, c *client.Client, device string, chain int, out i
 	fmt.Fprintf(out, "%d dependent ops (add, free) in order: result %v, %v, %.0f ops/s\n", chain, got[0], el.Round(time.Microsecond), float64(2*chain)/el.Seconds())
 
 	// 3. Round trips: one tiny op and a read, waited for each time.
+	progress("3/5: tiny op + read round trips")
 	lat := make([]time.Duration, 200)
 	for i := range lat {
 		t0 := time.Now()
@@ -134,6 +140,7 @@ func demo(ctx context.Context, c *client.Client, device string, chain int, out i
 	fmt.Fprintf(out, "tiny op + read round trip: p50 %v, p99 %v over %d\n", lat[len(lat)/2].Round(time.Microsecond), lat[len(lat)*99/100].Round(time.Microsecond), len(lat))
 
 	// 4. Random numbers keyed by seed and tensor id: same program, same bits.
+	progress("4/5: seeded normal draws")
 	s.Seed(42)
 	r := s.Normal([]int{100000}, 0, 1)
 	m, sd := r.Mean(), r.Mul(r).Mean().Sqrt()
@@ -151,6 +158,7 @@ func demo(ctx context.Context, c *client.Client, device string, chain int, out i
 	fmt.Fprintf(out, "100000 normal draws (seed 42): mean %.4f, rms %.4f\n", mv[0], sv[0])
 
 	// 5. A mistake is reported on the next read, naming the op.
+	progress("5/5: a bad op, reported on the next read")
 	bad := ta.Add(s.Full([]int{3}, 1))
 	if _, err := bad.Float32s(ctx); err == nil {
 		return fmt.Errorf("adding shapes [256 256] and [3] did not fail")

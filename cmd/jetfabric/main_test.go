@@ -103,6 +103,9 @@ func TestDemoEmbedded(t *testing.T) {
 	if !strings.Contains(stdout.String(), "demo passed") {
 		t.Fatal(stdout.String())
 	}
+	if !strings.Contains(stderr.String(), "demo: 1/5: matmul") || !strings.Contains(stderr.String(), "demo: 5/5: a bad op") {
+		t.Errorf("progress lines on stderr:\n%s", stderr.String())
+	}
 }
 
 func TestBadCommandLines(t *testing.T) {
