@@ -21,6 +21,14 @@ type Op struct {
 	Low, High         float64 // uniform
 	Mean, Std         float64 // normal
 
+	// Axis is the axis softmax and log_softmax normalise over; negative
+	// values count from the end, so -1 is the last axis.
+	Axis int
+	// Correction is subtracted from the element count in var's divisor:
+	// 0 gives the population variance, 1 the sample variance. It may not
+	// be negative.
+	Correction int
+
 	// Seed and Key key the random generator: the session seed and the id of
 	// the op's output tensor. See Random.
 	Seed, Key uint64
@@ -204,6 +212,15 @@ func requireNumeric(name string, in ...Meta) error {
 	for i, m := range in {
 		if m.DType == Bool || !m.DType.Valid() {
 			return fmt.Errorf("%w: %s input %d is %v, want a numeric dtype", ErrDType, name, i, m.DType)
+		}
+	}
+	return nil
+}
+
+func requireLogical(name string, in ...Meta) error {
+	for i, m := range in {
+		if m.DType != Bool && !m.DType.IsInt() {
+			return fmt.Errorf("%w: %s input %d is %v, want bool or an integer dtype", ErrDType, name, i, m.DType)
 		}
 	}
 	return nil

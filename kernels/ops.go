@@ -14,21 +14,65 @@ const (
 	OpUniform = "uniform"
 	OpNormal  = "normal"
 
-	OpNeg  = "neg"
-	OpExp  = "exp"
-	OpLog  = "log"
-	OpSqrt = "sqrt"
-	OpRelu = "relu"
-	OpTanh = "tanh"
+	OpNeg        = "neg"
+	OpExp        = "exp"
+	OpLog        = "log"
+	OpSqrt       = "sqrt"
+	OpRelu       = "relu"
+	OpTanh       = "tanh"
+	OpAbs        = "abs"
+	OpSign       = "sign" // -1, 0 or 1; NaN stays NaN
+	OpExpm1      = "expm1"
+	OpLog1p      = "log1p"
+	OpRsqrt      = "rsqrt"
+	OpReciprocal = "reciprocal"
+	OpSin        = "sin"
+	OpCos        = "cos"
+	OpSigmoid    = "sigmoid"
+	OpGelu       = "gelu"      // x·Φ(x), with the error function
+	OpGeluTanh   = "gelu_tanh" // the tanh approximation of gelu
+	OpSilu       = "silu"      // x·sigmoid(x)
+	OpErf        = "erf"
+	OpFloor      = "floor"
+	OpCeil       = "ceil"
+	OpRound      = "round" // half to even
+	OpNot        = "not"   // logical on bool, bitwise on integers
+	OpIsNaN      = "isnan" // bool result
 
-	OpAdd = "add"
-	OpSub = "sub"
-	OpMul = "mul"
-	OpDiv = "div"
+	OpAdd     = "add"
+	OpSub     = "sub"
+	OpMul     = "mul"
+	OpDiv     = "div" // integers: truncated toward zero, x/0 = 0
+	OpPow     = "pow"
+	OpMaximum = "maximum" // NaN if either is NaN
+	OpMinimum = "minimum" // NaN if either is NaN
+	OpMod     = "mod"     // floored: the result has the divisor's sign; integers: x mod 0 = 0
+	OpAnd     = "and"     // logical on bool, bitwise on integers
+	OpOr      = "or"
+	OpXor     = "xor"
 
-	OpSum  = "sum"
-	OpMean = "mean"
-	OpMax  = "max"
+	OpEq = "eq" // comparisons: bool results; NaN compares unequal to everything
+	OpNe = "ne"
+	OpLt = "lt"
+	OpLe = "le"
+	OpGt = "gt"
+	OpGe = "ge"
+
+	OpWhere = "where" // where(cond, a, b): a where cond is true, else b
+	OpClamp = "clamp" // clamp(x, lo, hi) = minimum(maximum(x, lo), hi)
+
+	OpSum       = "sum"
+	OpMean      = "mean"
+	OpMax       = "max"
+	OpMin       = "min"
+	OpProd      = "prod"
+	OpArgmax    = "argmax" // i64 index of the first largest, flattened over the axes; NaN counts as largest
+	OpArgmin    = "argmin" // likewise; NaN counts as smallest
+	OpLogsumexp = "logsumexp"
+	OpVar       = "var" // divides by the count minus Correction
+
+	OpSoftmax    = "softmax"     // over Axis
+	OpLogSoftmax = "log_softmax" // over Axis
 
 	OpMatmul  = "matmul"
 	OpReshape = "reshape"
@@ -36,14 +80,25 @@ const (
 	OpCast    = "cast"
 )
 
-// Unary lists the elementwise unary ops (float inputs, same meta out).
-var Unary = []string{OpNeg, OpExp, OpLog, OpSqrt, OpRelu, OpTanh}
+// Unary lists the elementwise unary ops whose output has the input's meta.
+// neg, relu, abs and sign take every numeric dtype, not takes bool and the
+// integers, the others take float dtypes.
+var Unary = []string{OpNeg, OpExp, OpLog, OpSqrt, OpRelu, OpTanh, OpAbs, OpSign, OpExpm1,
+	OpLog1p, OpRsqrt, OpReciprocal, OpSin, OpCos, OpSigmoid, OpGelu, OpGeluTanh, OpSilu, OpErf,
+	OpFloor, OpCeil, OpRound, OpNot}
 
-// Binary lists the elementwise binary ops with numpy broadcasting.
-var Binary = []string{OpAdd, OpSub, OpMul, OpDiv}
+// Binary lists the elementwise binary ops with numpy broadcasting whose
+// output has the inputs' dtype. pow takes float dtypes; and, or and xor
+// take bool and the integers; the others every numeric dtype.
+var Binary = []string{OpAdd, OpSub, OpMul, OpDiv, OpPow, OpMaximum, OpMinimum, OpMod, OpAnd, OpOr, OpXor}
 
-// Reductions lists the reductions over axes.
-var Reductions = []string{OpSum, OpMean, OpMax}
+// Compare lists the comparisons: broadcasting binary ops on two inputs of
+// any one dtype, with a bool result.
+var Compare = []string{OpEq, OpNe, OpLt, OpLe, OpGt, OpGe}
+
+// Reductions lists the reductions over axes. logsumexp and var take float
+// dtypes, the others every numeric dtype; argmax and argmin give i64.
+var Reductions = []string{OpSum, OpMean, OpMax, OpMin, OpProd, OpArgmax, OpArgmin, OpLogsumexp, OpVar}
 
 func init() {
 	for _, name := range Unary {
@@ -52,6 +107,9 @@ func init() {
 	for _, name := range Binary {
 		register(name, 2, inferBinary(name))
 	}
+	for _, name := range Compare {
+		register(name, 2, inferCompare)
+	}
 	for _, name := range Reductions {
 		register(name, 1, inferReduce(name))
 	}
@@ -59,6 +117,11 @@ func init() {
 	register(OpUniform, 0, inferRandom)
 	register(OpNormal, 0, inferRandom)
 	register(OpArange, 0, inferArange)
+	register(OpIsNaN, 1, inferIsNaN)
+	register(OpWhere, 3, inferWhere)
+	register(OpClamp, 3, inferClamp)
+	register(OpSoftmax, 1, inferSoftmax)
+	register(OpLogSoftmax, 1, inferSoftmax)
 	register(OpMatmul, 2, inferMatmul)
 	register(OpReshape, 1, inferReshape)
 	register(OpPermute, 1, inferPermute)
@@ -67,20 +130,41 @@ func init() {
 
 func inferUnary(name string) func(*Op, []Meta) ([]Meta, error) {
 	return func(op *Op, in []Meta) ([]Meta, error) {
-		if name != OpNeg && name != OpRelu {
-			if err := requireFloat(name, in...); err != nil {
-				return nil, err
-			}
-		} else if err := requireNumeric(name, in...); err != nil {
+		var err error
+		switch name {
+		case OpNeg, OpRelu, OpAbs, OpSign:
+			err = requireNumeric(name, in...)
+		case OpNot:
+			err = requireLogical(name, in...)
+		default:
+			err = requireFloat(name, in...)
+		}
+		if err != nil {
 			return nil, err
 		}
 		return []Meta{{DType: in[0].DType, Shape: slices.Clone(in[0].Shape)}}, nil
 	}
 }
 
+func inferIsNaN(op *Op, in []Meta) ([]Meta, error) {
+	if err := requireNumeric(op.Name, in...); err != nil {
+		return nil, err
+	}
+	return []Meta{{DType: Bool, Shape: slices.Clone(in[0].Shape)}}, nil
+}
+
 func inferBinary(name string) func(*Op, []Meta) ([]Meta, error) {
 	return func(op *Op, in []Meta) ([]Meta, error) {
-		if err := requireNumeric(name, in...); err != nil {
+		var err error
+		switch name {
+		case OpPow:
+			err = requireFloat(name, in...)
+		case OpAnd, OpOr, OpXor:
+			err = requireLogical(name, in...)
+		default:
+			err = requireNumeric(name, in...)
+		}
+		if err != nil {
 			return nil, err
 		}
 		if err := sameDType(name, in...); err != nil {
@@ -94,24 +178,108 @@ func inferBinary(name string) func(*Op, []Meta) ([]Meta, error) {
 	}
 }
 
+func inferCompare(op *Op, in []Meta) ([]Meta, error) {
+	for i, m := range in {
+		if !m.DType.Valid() {
+			return nil, fmt.Errorf("%w: %s input %d is %v", ErrDType, op.Name, i, m.DType)
+		}
+	}
+	if err := sameDType(op.Name, in...); err != nil {
+		return nil, err
+	}
+	shape, err := BroadcastShapes(in[0].Shape, in[1].Shape)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op.Name, err)
+	}
+	return []Meta{{DType: Bool, Shape: shape}}, nil
+}
+
+// broadcast3 is the broadcast of three shapes.
+func broadcast3(name string, a, b, c []int) ([]int, error) {
+	ab, err := BroadcastShapes(a, b)
+	if err == nil {
+		ab, err = BroadcastShapes(ab, c)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return ab, nil
+}
+
+func inferWhere(op *Op, in []Meta) ([]Meta, error) {
+	if in[0].DType != Bool {
+		return nil, fmt.Errorf("%w: where condition is %v, want bool", ErrDType, in[0].DType)
+	}
+	if !in[1].DType.Valid() {
+		return nil, fmt.Errorf("%w: where input 1 is %v", ErrDType, in[1].DType)
+	}
+	if err := sameDType(op.Name, in[1:]...); err != nil {
+		return nil, err
+	}
+	shape, err := broadcast3(op.Name, in[0].Shape, in[1].Shape, in[2].Shape)
+	if err != nil {
+		return nil, err
+	}
+	return []Meta{{DType: in[1].DType, Shape: shape}}, nil
+}
+
+func inferClamp(op *Op, in []Meta) ([]Meta, error) {
+	if err := requireNumeric(op.Name, in...); err != nil {
+		return nil, err
+	}
+	if err := sameDType(op.Name, in...); err != nil {
+		return nil, err
+	}
+	shape, err := broadcast3(op.Name, in[0].Shape, in[1].Shape, in[2].Shape)
+	if err != nil {
+		return nil, err
+	}
+	return []Meta{{DType: in[0].DType, Shape: shape}}, nil
+}
+
 func inferReduce(name string) func(*Op, []Meta) ([]Meta, error) {
 	return func(op *Op, in []Meta) ([]Meta, error) {
-		if err := requireNumeric(name, in...); err != nil {
+		var err error
+		switch name {
+		case OpLogsumexp, OpVar:
+			err = requireFloat(name, in...)
+		default:
+			err = requireNumeric(name, in...)
+		}
+		if err != nil {
 			return nil, err
+		}
+		if name == OpVar && op.Correction < 0 {
+			return nil, fmt.Errorf("%w: var correction %d is negative", ErrAttr, op.Correction)
 		}
 		axes, err := NormAxes(op.Axes, len(in[0].Shape))
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", name, err)
 		}
-		if name == OpMax {
+		switch name {
+		case OpMax, OpMin, OpArgmax, OpArgmin:
 			for _, a := range axes {
 				if in[0].Shape[a] == 0 {
-					return nil, fmt.Errorf("%w: max over empty axis %d", ErrShape, a)
+					return nil, fmt.Errorf("%w: %s over empty axis %d", ErrShape, name, a)
 				}
 			}
 		}
-		return []Meta{{DType: in[0].DType, Shape: ReduceShape(in[0].Shape, axes, op.Keepdims)}}, nil
+		dt := in[0].DType
+		if name == OpArgmax || name == OpArgmin {
+			dt = Int64
+		}
+		return []Meta{{DType: dt, Shape: ReduceShape(in[0].Shape, axes, op.Keepdims)}}, nil
 	}
+}
+
+func inferSoftmax(op *Op, in []Meta) ([]Meta, error) {
+	if err := requireFloat(op.Name, in...); err != nil {
+		return nil, err
+	}
+	if r := len(in[0].Shape); op.Axis < -r || op.Axis >= r {
+		return nil, fmt.Errorf("%w: %s axis %d out of range for rank %d", ErrAttr, op.Name, op.Axis, r)
+	}
+	return []Meta{{DType: in[0].DType, Shape: slices.Clone(in[0].Shape)}}, nil
 }
 
 func inferCreate(op *Op, _ []Meta) ([]Meta, error) {

@@ -8,5 +8,5 @@ import (
 )
 
 func TestConformance(t *testing.T) {
-	kernelstest.RunAll(t, cpu.New())
+	kernelstest.RunAll(t, cpu.New(), kernelstest.RequireAll())
 }

@@ -67,6 +67,7 @@ func TestTinyOpsDoNotAllocate(t *testing.T) {
 	f32, f64, i32 := kernels.Float32, kernels.Float64, kernels.Int32
 	x44, y44, x4 := tensor(t, b, r, f32, 4, 4), tensor(t, b, r, f32, 4, 4), tensor(t, b, r, f32, 4)
 	s := tensor(t, b, r, f32)
+	mask := &kernels.Tensor{Meta: kernels.Meta{DType: kernels.Bool, Shape: []int{4, 1}}, Buf: x4.Buf}
 	cases := []struct {
 		name string
 		op   kernels.Op
@@ -95,6 +96,17 @@ func TestTinyOpsDoNotAllocate(t *testing.T) {
 		{"cast i32", kernels.Op{Name: kernels.OpCast, DType: i32}, []*kernels.Tensor{x44}},
 		{"cast f16", kernels.Op{Name: kernels.OpCast, DType: kernels.Float16}, []*kernels.Tensor{x44}},
 		{"full", kernels.Op{Name: kernels.OpFull, Shape: []int{4, 4}, Value: 2}, nil},
+		{"maximum", kernels.Op{Name: kernels.OpMaximum}, []*kernels.Tensor{x44, x4}},
+		{"mod", kernels.Op{Name: kernels.OpMod}, []*kernels.Tensor{x44, s}},
+		{"lt", kernels.Op{Name: kernels.OpLt}, []*kernels.Tensor{x44, x4}},
+		{"where", kernels.Op{Name: kernels.OpWhere}, []*kernels.Tensor{mask, x44, s}},
+		{"clamp", kernels.Op{Name: kernels.OpClamp}, []*kernels.Tensor{x44, s, x4}},
+		{"sigmoid", kernels.Op{Name: kernels.OpSigmoid}, []*kernels.Tensor{x44}},
+		{"isnan", kernels.Op{Name: kernels.OpIsNaN}, []*kernels.Tensor{x44}},
+		{"softmax", kernels.Op{Name: kernels.OpSoftmax, Axis: -1}, []*kernels.Tensor{x44}},
+		{"log_softmax", kernels.Op{Name: kernels.OpLogSoftmax, Axis: 0}, []*kernels.Tensor{x44}},
+		{"argmax", kernels.Op{Name: kernels.OpArgmax, Axes: []int{0}}, []*kernels.Tensor{x44}},
+		{"var", kernels.Op{Name: kernels.OpVar, Correction: 1}, []*kernels.Tensor{x44}},
 		{"arange", kernels.Op{Name: kernels.OpArange, Stop: 10, Step: 1}, nil},
 		{"uniform", kernels.Op{Name: kernels.OpUniform, Shape: []int{16}, High: 1}, nil},
 		{"normal", kernels.Op{Name: kernels.OpNormal, Shape: []int{16}, Std: 1}, nil},

@@ -666,4 +666,4 @@ func combine[A float64 | int64](rd red, p, q []A) {
 }
 
 // corrOf is the divisor correction of var.
-func corrOf(op *kernels.Op) float64 { return 0 }
+func corrOf(op *kernels.Op) float64 { return float64(op.Correction) }

@@ -25,16 +25,35 @@ func init() {
 	for _, u := range []unaryOp{
 		{kernels.OpNeg, func(x float64) float64 { return -x }, 1},
 		{kernels.OpRelu, relu, 1},
+		{kernels.OpAbs, math.Abs, 1},
+		{kernels.OpSign, sign, 1},
 		{kernels.OpSqrt, math.Sqrt, 2},
+		{kernels.OpRsqrt, func(x float64) float64 { return 1 / math.Sqrt(x) }, 3},
+		{kernels.OpReciprocal, func(x float64) float64 { return 1 / x }, 2},
+		{kernels.OpFloor, math.Floor, 2},
+		{kernels.OpCeil, math.Ceil, 2},
+		{kernels.OpRound, math.RoundToEven, 2},
 		{kernels.OpExp, math.Exp, 8},
+		{kernels.OpExpm1, math.Expm1, 8},
 		{kernels.OpLog, math.Log, 8},
+		{kernels.OpLog1p, math.Log1p, 8},
+		{kernels.OpSin, math.Sin, 8},
+		{kernels.OpCos, math.Cos, 8},
 		{kernels.OpTanh, math.Tanh, 12},
+		{kernels.OpErf, math.Erf, 12},
+		{kernels.OpSigmoid, sigmoid, 10},
+		{kernels.OpSilu, func(x float64) float64 { return x * sigmoid(x) }, 10},
+		{kernels.OpGelu, gelu, 14},
+		{kernels.OpGeluTanh, geluTanh, 14},
+		{kernels.OpNot, nil, 1},
 	} {
 		elementwise[u.name] = true
 		def(func(b *Backend, op *kernels.Op, in, out []*kernels.Tensor) error {
 			return b.unary(u, op, in, out)
 		}, 1, u.name)
 	}
+	elementwise[kernels.OpIsNaN] = true
+	def(execIsNaN, 1, kernels.OpIsNaN)
 }
 
 func relu(x float64) float64 {
@@ -42,6 +61,32 @@ func relu(x float64) float64 {
 		return 0
 	}
 	return x
+}
+
+// sign is -1, 0 or 1, and NaN for NaN.
+func sign(x float64) float64 {
+	switch {
+	case x > 0:
+		return 1
+	case x < 0:
+		return -1
+	}
+	return x // ±0, NaN
+}
+
+func sigmoid(x float64) float64 {
+	if x >= 0 {
+		return 1 / (1 + math.Exp(-x))
+	}
+	e := math.Exp(x)
+	return e / (1 + e)
+}
+
+func gelu(x float64) float64 { return 0.5 * x * (1 + math.Erf(x*(1/math.Sqrt2))) }
+
+func geluTanh(x float64) float64 {
+	const c = 0.7978845608028654 // sqrt(2/pi)
+	return 0.5 * x * (1 + math.Tanh(c*(x+0.044715*x*x*x)))
 }
 
 func (b *Backend) unary(u unaryOp, op *kernels.Op, in, out []*kernels.Tensor) error {
@@ -56,8 +101,14 @@ func (b *Backend) unary(u unaryOp, op *kernels.Op, in, out []*kernels.Tensor) er
 	xd, yd := data(x), data(y)
 	switch x.DType {
 	case kernels.Float32:
+		if u.fn == nil {
+			return dtypeErr(op, "input", 0, x.DType)
+		}
 		unaryRun(u, view[float32](xd, n), view[float32](yd, n))
 	case kernels.Float64:
+		if u.fn == nil {
+			return dtypeErr(op, "input", 0, x.DType)
+		}
 		unaryRun(u, view[float64](xd, n), view[float64](yd, n))
 	case kernels.Int32:
 		return unaryIntRun(u, op, view[int32](xd, n), view[int32](yd, n))
@@ -65,7 +116,18 @@ func (b *Backend) unary(u unaryOp, op *kernels.Op, in, out []*kernels.Tensor) er
 		return unaryIntRun(u, op, view[int64](xd, n), view[int64](yd, n))
 	case kernels.Uint8:
 		return unaryIntRun(u, op, view[uint8](xd, n), view[uint8](yd, n))
+	case kernels.Bool:
+		if u.name != kernels.OpNot {
+			return dtypeErr(op, "input", 0, x.DType)
+		}
+		x, y := xd[:n], yd[:n]
+		for i, v := range x {
+			y[i] = b2u(v == 0)
+		}
 	case kernels.Float16, kernels.BFloat16:
+		if u.fn == nil {
+			return dtypeErr(op, "input", 0, x.DType)
+		}
 		return b.viaF32(op, in, out)
 	default:
 		return dtypeErr(op, "input", 0, x.DType)
@@ -95,6 +157,10 @@ func unaryFloat[T float](u unaryOp, x, y []T) {
 			}
 			y[i] = v
 		}
+	case kernels.OpAbs:
+		for i, v := range x {
+			y[i] = T(math.Abs(float64(v)))
+		}
 	case kernels.OpSqrt:
 		for i, v := range x {
 			y[i] = T(math.Sqrt(float64(v)))
@@ -109,7 +175,7 @@ func unaryFloat[T float](u unaryOp, x, y []T) {
 
 func unaryIntRun[T integer](u unaryOp, op *kernels.Op, x, y []T) error {
 	switch u.name {
-	case kernels.OpNeg, kernels.OpRelu:
+	case kernels.OpNeg, kernels.OpRelu, kernels.OpAbs, kernels.OpSign, kernels.OpNot:
 	default:
 		return dtypeErr(op, "input", 0, dtypeOf[T]())
 	}
@@ -132,7 +198,66 @@ func unaryInt[T integer](u unaryOp, x, y []T) {
 		for i, v := range x {
 			y[i] = max(v, 0)
 		}
+	case kernels.OpAbs:
+		for i, v := range x {
+			if v < 0 {
+				v = -v // wraps at the most negative value
+			}
+			y[i] = v
+		}
+	case kernels.OpSign:
+		var zero T
+		for i, v := range x {
+			switch {
+			case v > 0:
+				y[i] = 1
+			case v < 0:
+				y[i] = zero - 1 // only signed types get here
+			default:
+				y[i] = 0
+			}
+		}
+	case kernels.OpNot:
+		for i, v := range x {
+			y[i] = ^v
+		}
 	}
+}
+
+// execIsNaN writes x != x as bool.
+func execIsNaN(b *Backend, op *kernels.Op, in, out []*kernels.Tensor) error {
+	x, y := in[0], out[0]
+	if y.DType != kernels.Bool {
+		return dtypeErr(op, "output", 0, y.DType)
+	}
+	n := x.Numel()
+	if y.Numel() != n {
+		return shapeErr(op, "input %v, output %v", x.Shape, y.Shape)
+	}
+	xd, yd := data(x), data(y)[:n]
+	switch x.DType {
+	case kernels.Float32:
+		for i, v := range view[float32](xd, n) {
+			yd[i] = b2u(v != v)
+		}
+	case kernels.Float64:
+		for i, v := range view[float64](xd, n) {
+			yd[i] = b2u(v != v)
+		}
+	case kernels.Float16:
+		for i, h := range view[uint16](xd, n) {
+			yd[i] = b2u(h&0x7fff > 0x7c00)
+		}
+	case kernels.BFloat16:
+		for i, h := range view[uint16](xd, n) {
+			yd[i] = b2u(h&0x7fff > 0x7f80)
+		}
+	case kernels.Int32, kernels.Int64, kernels.Uint8:
+		clear(yd)
+	default:
+		return dtypeErr(op, "input", 0, x.DType)
+	}
+	return nil
 }
 
 // dtypeOf is the dtype of element type T.

@@ -14,12 +14,27 @@ func init() {
 	for name := range unaryFloat {
 		opTests[name] = func(s *suite) { s.unary(name) }
 	}
+	for name := range unaryInt {
+		opTests[name] = func(s *suite) { s.unary(name) }
+	}
 	for name := range binaryFloat {
 		opTests[name] = func(s *suite) { s.binary(name) }
 	}
-	for _, name := range []string{kernels.OpSum, kernels.OpMean, kernels.OpMax} {
+	for name := range binaryInt {
+		opTests[name] = func(s *suite) { s.binary(name) }
+	}
+	for name := range compares {
+		opTests[name] = func(s *suite) { s.compare(name) }
+	}
+	for _, name := range []string{kernels.OpSum, kernels.OpMean, kernels.OpMax, kernels.OpMin, kernels.OpProd,
+		kernels.OpArgmax, kernels.OpArgmin, kernels.OpLogsumexp, kernels.OpVar} {
 		opTests[name] = func(s *suite) { s.reduce(name) }
 	}
+	opTests[kernels.OpIsNaN] = (*suite).isnan
+	opTests[kernels.OpWhere] = (*suite).where
+	opTests[kernels.OpClamp] = (*suite).clamp
+	opTests[kernels.OpSoftmax] = func(s *suite) { s.softmax(kernels.OpSoftmax) }
+	opTests[kernels.OpLogSoftmax] = func(s *suite) { s.softmax(kernels.OpLogSoftmax) }
 	opTests[kernels.OpMatmul] = (*suite).matmul
 	opTests[kernels.OpPermute] = (*suite).permute
 	opTests[kernels.OpReshape] = (*suite).reshape
@@ -37,7 +52,7 @@ var unaryShapes = [][]int{{}, {1}, {5}, {3, 7}, {2, 3, 4}, {0}, {3, 0}, {300, 12
 // domain says how to draw inputs for an op.
 func domain(name string) dist {
 	switch name {
-	case kernels.OpLog, kernels.OpSqrt, "rsqrt", "log1p":
+	case kernels.OpLog, kernels.OpSqrt, kernels.OpRsqrt, kernels.OpLog1p:
 		return distPos
 	}
 	return distAny
@@ -61,6 +76,13 @@ func (s *suite) unary(name string) {
 		x := random(s.r, dt, []int{6, 7}, distAny)
 		sprinkle(s.r, x)
 		s.run(op, refUnary(name, x), x)
+		if dt.IsFloat() { // halves and integers, where rounding is decided
+			x := newHost(dt, []int{41})
+			for j := range x.f {
+				x.f[j] = float64(j-20) / 2
+			}
+			s.run(op, refUnary(name, x), x)
+		}
 	}
 }
 
@@ -112,7 +134,7 @@ var reductions = []struct {
 
 // reduceNeedsElements: reductions that reject an empty axis.
 func reduceNeedsElements(name string) bool {
-	return name == kernels.OpMax || name == "min" || name == "argmax" || name == "argmin"
+	return name == kernels.OpMax || name == kernels.OpMin || name == kernels.OpArgmax || name == kernels.OpArgmin
 }
 
 func (s *suite) reduce(name string) {
@@ -121,19 +143,22 @@ func (s *suite) reduce(name string) {
 			continue
 		}
 		d := distAny
-		if name == "prod" {
+		if name == kernels.OpProd {
 			d = distUnit // keep products in range
 		}
-		for _, c := range reductions {
+		for i, c := range reductions {
 			for _, keep := range []bool{false, true} {
 				op := &kernels.Op{Name: name, Axes: c.axes, Keepdims: keep}
+				if name == kernels.OpVar {
+					op.Correction = i % 3 // 0, 1, and 2 (over one element: NaN)
+				}
 				x := random(s.r, dt, c.shape, d)
 				if reduceNeedsElements(name) && kernels.Numel(c.shape) == 0 {
 					if _, err := kernels.Infer(op, []kernels.Meta{x.meta()}, kernels.DefaultLimits()); err != nil {
 						continue // rejected, as infer_errors checks
 					}
 				}
-				s.run(op, refReduce(name, x, c.axes, keep, 0), x)
+				s.run(op, refReduce(name, x, c.axes, keep, op.Correction), x)
 			}
 		}
 		// NaN and infinities in some rows.
@@ -328,6 +353,133 @@ func (s *suite) random() {
 				}
 				s.run(op, exact(fromFloat64(out, sh, vals)))
 			}
+		}
+	}
+}
+
+func (s *suite) isnan() {
+	op := &kernels.Op{Name: kernels.OpIsNaN}
+	for _, dt := range allDTypes {
+		if !s.accepts(op, meta(dt)) {
+			continue
+		}
+		for _, sh := range unaryShapes {
+			x := random(s.r, dt, sh, distAny)
+			sprinkle(s.r, x)
+			y := newHost(kernels.Bool, sh)
+			for j := range y.i {
+				if x.f != nil && math.IsNaN(x.f[j]) {
+					y.i[j] = 1
+				}
+			}
+			s.run(op, exact(y), x)
+		}
+	}
+}
+
+// few draws from a handful of small values, so that comparisons meet
+// equal elements often.
+func few(s *suite, dt kernels.DType, shape []int) *host {
+	h := newHost(dt, shape)
+	for j := range h.numel() {
+		v := int64(s.r.IntN(5)) - 2
+		switch dt {
+		case kernels.Bool:
+			v = int64(s.r.IntN(2))
+		case kernels.Uint8:
+			v += 2
+		}
+		if h.f != nil {
+			h.f[j] = float64(v) / 2
+		} else {
+			h.i[j] = v
+		}
+	}
+	return h
+}
+
+func (s *suite) compare(name string) {
+	op := &kernels.Op{Name: name}
+	for _, dt := range allDTypes {
+		if !s.accepts(op, meta(dt), meta(dt)) {
+			continue
+		}
+		for _, sh := range broadcasts {
+			a, b := few(s, dt, sh[0]), few(s, dt, sh[1])
+			s.run(op, refCompare(name, a, b), a, b)
+		}
+		a, b := few(s, dt, []int{8, 9}), few(s, dt, []int{8, 9})
+		sprinkle(s.r, a)
+		sprinkle(s.r, b)
+		s.run(op, refCompare(name, a, b), a, b)
+	}
+}
+
+// ternaries lists operand shapes of where and clamp.
+var ternaries = [][3][]int{
+	{{3, 4}, {3, 4}, {3, 4}}, {{}, {3, 4}, {3, 4}}, {{3, 4}, {}, {}}, {{3, 1}, {4}, {3, 4}},
+	{{2, 1, 4}, {3, 1}, {}}, {{}, {}, {}}, {{0, 4}, {4}, {1}}, {{5}, {2, 1}, {1, 5}},
+	{{300, 129}, {300, 129}, {300, 129}}, {{300, 1}, {129}, {}}, {{}, {300, 129}, {129}},
+}
+
+func (s *suite) where() {
+	op := &kernels.Op{Name: kernels.OpWhere}
+	for _, dt := range allDTypes {
+		for _, sh := range ternaries {
+			c := random(s.r, kernels.Bool, sh[0], distAny)
+			a, b := random(s.r, dt, sh[1], distAny), random(s.r, dt, sh[2], distAny)
+			sprinkle(s.r, a)
+			s.run(op, refWhere(c, a, b), c, a, b)
+		}
+	}
+}
+
+func (s *suite) clamp() {
+	op := &kernels.Op{Name: kernels.OpClamp}
+	for _, dt := range allDTypes {
+		if !s.accepts(op, meta(dt), meta(dt), meta(dt)) {
+			continue
+		}
+		for _, sh := range ternaries {
+			x := random(s.r, dt, sh[0], distAny)
+			lo, hi := random(s.r, dt, sh[1], distAny), random(s.r, dt, sh[2], distAny)
+			if lo.f != nil { // mostly lo < hi, sometimes not
+				for j := range lo.f {
+					lo.f[j] = -math.Abs(lo.f[j]) / 2
+				}
+				sprinkle(s.r, x)
+			}
+			s.run(op, refClamp(x, lo, hi), x, lo, hi)
+		}
+	}
+}
+
+func (s *suite) softmax(name string) {
+	cases := []struct {
+		shape []int
+		axis  int
+	}{
+		{[]int{5}, 0}, {[]int{5}, -1}, {[]int{1}, 0}, {[]int{3, 4}, 0}, {[]int{3, 4}, 1}, {[]int{3, 4}, -1},
+		{[]int{2, 3, 4}, 1}, {[]int{2, 3, 4}, -3}, {[]int{0, 3}, 1}, {[]int{3, 0}, 1}, {[]int{300, 200}, -1},
+		{[]int{300, 200}, 0}, {[]int{4, 300, 70}, 1},
+	}
+	for _, dt := range allDTypes {
+		if !s.accepts(&kernels.Op{Name: name}, meta(dt, 2)) {
+			continue
+		}
+		for _, c := range cases {
+			op := &kernels.Op{Name: name, Axis: c.axis}
+			x := random(s.r, dt, c.shape, distAny)
+			for j := range x.f {
+				x.f[j] = roundFloat(x.f[j]*4, dt) // a wider range
+			}
+			s.run(op, refSoftmax(x, c.axis, name == kernels.OpLogSoftmax), x)
+		}
+		x := random(s.r, dt, []int{6, 7}, distAny)
+		sprinkle(s.r, x)
+		for _, axis := range []int{0, 1} {
+			op := &kernels.Op{Name: name, Axis: axis}
+			s.run(op, refSoftmax(x, axis, name == kernels.OpLogSoftmax), x)
 		}
 	}
 }

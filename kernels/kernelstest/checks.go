@@ -65,12 +65,40 @@ func testInferErrors(s *suite) {
 	}
 }
 
-// extraInferErrors are checks of ops beyond the first op set.
+// extraInferErrors are checks of the ops beyond arithmetic.
 var extraInferErrors = []struct {
 	op   kernels.Op
 	in   []kernels.Meta
 	want error
-}{}
+}{
+	{kernels.Op{Name: kernels.OpSoftmax, Axis: 2}, []kernels.Meta{meta(kernels.Float32, 2, 2)}, kernels.ErrAttr},
+	{kernels.Op{Name: kernels.OpLogSoftmax, Axis: -3}, []kernels.Meta{meta(kernels.Float32, 2, 2)}, kernels.ErrAttr},
+	{kernels.Op{Name: kernels.OpSoftmax}, []kernels.Meta{meta(kernels.Float32)}, kernels.ErrAttr},
+	{kernels.Op{Name: kernels.OpSoftmax}, []kernels.Meta{meta(kernels.Int32, 2)}, kernels.ErrDType},
+	{kernels.Op{Name: kernels.OpVar, Correction: -1}, []kernels.Meta{meta(kernels.Float32, 2)}, kernels.ErrAttr},
+	{kernels.Op{Name: kernels.OpVar}, []kernels.Meta{meta(kernels.Int32, 2)}, kernels.ErrDType},
+	{kernels.Op{Name: kernels.OpLogsumexp}, []kernels.Meta{meta(kernels.Uint8, 2)}, kernels.ErrDType},
+	{kernels.Op{Name: kernels.OpArgmax, Axes: []int{0}}, []kernels.Meta{meta(kernels.Float32, 0, 2)}, kernels.ErrShape},
+	{kernels.Op{Name: kernels.OpMin}, []kernels.Meta{meta(kernels.Float32, 0)}, kernels.ErrShape},
+	{kernels.Op{Name: kernels.OpProd}, []kernels.Meta{meta(kernels.Bool, 2)}, kernels.ErrDType},
+	{kernels.Op{Name: kernels.OpWhere}, []kernels.Meta{meta(kernels.Float32, 2), meta(kernels.Float32, 2), meta(kernels.Float32, 2)}, kernels.ErrDType},
+	{kernels.Op{Name: kernels.OpWhere}, []kernels.Meta{meta(kernels.Bool, 2), meta(kernels.Float32, 2), meta(kernels.Int32, 2)}, kernels.ErrDType},
+	{kernels.Op{Name: kernels.OpWhere}, []kernels.Meta{meta(kernels.Bool, 3), meta(kernels.Float32, 2), meta(kernels.Float32, 2)}, kernels.ErrShape},
+	{kernels.Op{Name: kernels.OpWhere}, []kernels.Meta{meta(kernels.Bool, 2), meta(kernels.Float32, 2)}, kernels.ErrArity},
+	{kernels.Op{Name: kernels.OpClamp}, []kernels.Meta{meta(kernels.Float32, 2), meta(kernels.Float32)}, kernels.ErrArity},
+	{kernels.Op{Name: kernels.OpClamp}, []kernels.Meta{meta(kernels.Bool, 2), meta(kernels.Bool), meta(kernels.Bool)}, kernels.ErrDType},
+	{kernels.Op{Name: kernels.OpClamp}, []kernels.Meta{meta(kernels.Float32, 4), meta(kernels.Float32, 3), meta(kernels.Float32)}, kernels.ErrShape},
+	{kernels.Op{Name: kernels.OpPow}, []kernels.Meta{meta(kernels.Int32, 2), meta(kernels.Int32, 2)}, kernels.ErrDType},
+	{kernels.Op{Name: kernels.OpAnd}, []kernels.Meta{meta(kernels.Float32, 2), meta(kernels.Float32, 2)}, kernels.ErrDType},
+	{kernels.Op{Name: kernels.OpXor}, []kernels.Meta{meta(kernels.Bool, 2), meta(kernels.Int32, 2)}, kernels.ErrDType},
+	{kernels.Op{Name: kernels.OpMod}, []kernels.Meta{meta(kernels.Bool, 2), meta(kernels.Bool, 2)}, kernels.ErrDType},
+	{kernels.Op{Name: kernels.OpLt}, []kernels.Meta{meta(kernels.Float32, 2), meta(kernels.Float64, 2)}, kernels.ErrDType},
+	{kernels.Op{Name: kernels.OpEq}, []kernels.Meta{meta(kernels.Float32, 2), meta(kernels.Float32, 3)}, kernels.ErrShape},
+	{kernels.Op{Name: kernels.OpNot}, []kernels.Meta{meta(kernels.Float32, 2)}, kernels.ErrDType},
+	{kernels.Op{Name: kernels.OpIsNaN}, []kernels.Meta{meta(kernels.Bool, 2)}, kernels.ErrDType},
+	{kernels.Op{Name: kernels.OpSin}, []kernels.Meta{meta(kernels.Int64, 2)}, kernels.ErrDType},
+	{kernels.Op{Name: kernels.OpAbs}, []kernels.Meta{meta(kernels.Bool, 2)}, kernels.ErrDType},
+}
 
 // testExecErrors hands Exec bad input it could see if a caller skipped
 // Infer or mixed up buffers: Exec must return an error, never panic or

@@ -36,9 +36,14 @@ const poison = 0xFF
 // in the suite fails. It also checks Infer's errors and that Exec rejects
 // bad input without panicking.
 //
-// A backend may answer kernels.ErrNotImplemented for some dtypes: those
-// cases are skipped and logged. float32 is required.
-func RunAll(t *testing.T, b kernels.Backend) {
+// A backend may answer kernels.ErrNotImplemented for dtypes other than
+// float32: those cases are skipped and counted in the log, unless the
+// option RequireAll is given. float32 is always required.
+func RunAll(t *testing.T, b kernels.Backend, opts ...Option) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
 	seed := uint64(time.Now().UnixNano())
 	if v := os.Getenv(SeedEnv); v != "" {
 		s, err := strconv.ParseUint(v, 10, 64)
@@ -56,7 +61,7 @@ func RunAll(t *testing.T, b kernels.Backend) {
 		t.Run(name, func(t *testing.T) {
 			h := fnv.New64a()
 			h.Write([]byte(name))
-			s := &suite{t: t, b: b, r: rand.New(rand.NewPCG(seed, h.Sum64()))}
+			s := &suite{t: t, b: b, r: rand.New(rand.NewPCG(seed, h.Sum64())), opts: o}
 			f(s)
 			if s.skipped > 0 {
 				t.Logf("%d cases not implemented by %s", s.skipped, b.Name())
@@ -82,8 +87,21 @@ type suite struct {
 	t       *testing.T
 	b       kernels.Backend
 	r       *rand.Rand
+	opts    options
 	skipped int
 }
+
+// Option changes what RunAll requires of a backend.
+type Option func(*options)
+
+type options struct {
+	requireAll bool
+}
+
+// RequireAll fails every case the backend answers with
+// kernels.ErrNotImplemented, whatever its dtype: for a backend that
+// implements the whole op set, such as the CPU oracle.
+func RequireAll() Option { return func(o *options) { o.requireAll = true } }
 
 // errNotImplemented marks a case the backend declined.
 var errNotImplemented = errors.New("not implemented")
@@ -314,7 +332,7 @@ func (s *suite) run(op *kernels.Op, w want, ins ...*host) {
 		what += " " + h.String()
 	}
 	got, err := s.exec(op, ins...)
-	if errors.Is(err, errNotImplemented) && w.dt != kernels.Float32 && (len(ins) == 0 || ins[0].dt != kernels.Float32) {
+	if errors.Is(err, errNotImplemented) && !s.opts.requireAll && w.dt != kernels.Float32 && (len(ins) == 0 || ins[0].dt != kernels.Float32) {
 		s.skipped++
 		return
 	}
