@@ -99,10 +99,12 @@ func (u *userList) Set(s string) error {
 
 // workerFlags are the flags of worker and up.
 type workerFlags struct {
-	cpus    int
-	devices string
-	idle    time.Duration
-	id      string
+	cpus       int
+	devices    string
+	idle       time.Duration
+	id         string
+	leaseTTL   time.Duration // 0: the worker default
+	checkpoint time.Duration // 0: the worker default; negative: only on request
 }
 
 func (f *workerFlags) register(fs *flag.FlagSet) {
@@ -110,6 +112,21 @@ func (f *workerFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.devices, "devices", "", "comma-separated device names to serve, e.g. cpu-0,cpu-1")
 	fs.DurationVar(&f.idle, "idle-timeout", 10*time.Minute, "free a session idle this long (0: never)")
 	fs.StringVar(&f.id, "id", "", "worker id in the registry (default host-pid)")
+	fs.DurationVar(&f.leaseTTL, "lease-ttl", time.Second, "device lease TTL: a standby takes a device over this long after its worker stops renewing")
+	f.checkpoint = 30 * time.Second
+	fs.Func("checkpoint-interval", "checkpoint each device this often when it ran frames; 0: only on request and at a clean stop (default 30s)", func(v string) error {
+		d, err := time.ParseDuration(v)
+		switch {
+		case err != nil:
+			return err
+		case d < 0:
+			return fmt.Errorf("negative interval %v", d)
+		case d == 0:
+			d = -1 // off
+		}
+		f.checkpoint = d
+		return nil
+	})
 }
 
 func (f *workerFlags) config(logf func(string, ...any)) (worker.Config, error) {
@@ -119,6 +136,15 @@ func (f *workerFlags) config(logf func(string, ...any)) (worker.Config, error) {
 	}
 	cfg.IdleTimeout = f.idle
 	cfg.Logf = logf
+	if f.leaseTTL != 0 {
+		cfg.LeaseTTL = f.leaseTTL
+	}
+	switch {
+	case f.checkpoint > 0:
+		cfg.CheckpointInterval = f.checkpoint
+	case f.checkpoint < 0:
+		cfg.CheckpointInterval = 0
+	}
 	var names []string
 	if f.devices != "" {
 		names = strings.Split(f.devices, ",")

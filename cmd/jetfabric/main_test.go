@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -24,13 +25,31 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// output collects a process's output; safe to read while it runs.
+type output struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (o *output) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.buf.Write(p)
+}
+
+func (o *output) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.buf.String()
+}
+
 // spawn starts `jetfabric args...` as a separate process.
-func spawn(t *testing.T, args ...string) (*exec.Cmd, *bytes.Buffer) {
+func spawn(t *testing.T, args ...string) (*exec.Cmd, *output) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), "JETFABRIC_TEST_MAIN=1")
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
+	out := &output{}
+	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +57,7 @@ func spawn(t *testing.T, args ...string) (*exec.Cmd, *bytes.Buffer) {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		_ = cmd.Wait()
 	})
-	return cmd, &out
+	return cmd, out
 }
 
 func waitDevice(t *testing.T, url, device string) {

@@ -1,0 +1,235 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jetfabric/jetfabric/broker/brokertest"
+	"github.com/jetfabric/jetfabric/client"
+)
+
+// program runs the same ops every time: a chain over 64-element tensors with
+// random draws, frees and reads every readEvery steps. It returns the bits
+// of every read. after is called after read k.
+func program(ctx context.Context, s *client.Session, steps, readEvery int, after func(k int)) ([]uint32, error) {
+	s.Seed(7)
+	w := s.Uniform([]int{64}, -1, 1)
+	x := s.Normal([]int{64}, 0, 1)
+	var bits []uint32
+	for i := range steps {
+		y := x.Mul(w).Add(s.Uniform([]int{64}, -0.1, 0.1))
+		x.Free()
+		x = y.Tanh()
+		y.Free()
+		if (i+1)%readEvery == 0 {
+			v, err := x.Sum().Float32s(ctx)
+			if err != nil {
+				return bits, fmt.Errorf("read %d: %w", len(bits), err)
+			}
+			bits = append(bits, math.Float32bits(v[0]))
+			if after != nil {
+				after(len(bits))
+			}
+		}
+	}
+	return bits, nil
+}
+
+// workers is a set of worker processes serving cpu-0, by id.
+type workers struct {
+	t    *testing.T
+	url  string
+	args []string
+	mu   sync.Mutex
+	proc map[string]*exec.Cmd
+	out  map[string]*output
+	n    int
+}
+
+func (ws *workers) start() string {
+	ws.mu.Lock()
+	ws.n++
+	id := fmt.Sprintf("w%d", ws.n)
+	ws.mu.Unlock()
+	cmd, out := spawn(ws.t, append([]string{"worker", "--url", ws.url, "--devices", "cpu-0", "--id", id}, ws.args...)...)
+	ws.mu.Lock()
+	ws.proc[id], ws.out[id] = cmd, out
+	ws.mu.Unlock()
+	return id
+}
+
+// owner is the worker the registry names for cpu-0.
+func (ws *workers) owner(c *client.Client) string {
+	devs, err := c.Devices(context.Background())
+	if err != nil {
+		return ""
+	}
+	for _, d := range devs {
+		if d.Name == "cpu-0" && d.State == "serving" {
+			return d.Worker
+		}
+	}
+	return ""
+}
+
+func (ws *workers) logs() string {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	var b strings.Builder
+	for id, out := range ws.out {
+		fmt.Fprintf(&b, "--- %s:\n%s\n", id, out.String())
+	}
+	return b.String()
+}
+
+// TestKilledWorkerLosesNothing: a session runs 100,000 ops with reads along
+// the way; its worker is SIGKILLed at random points three times; a standby
+// takes over each time; every read returns the bits of a run with no kill.
+func TestKilledWorkerLosesNothing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills worker processes; skipped in -short")
+	}
+	b := brokertest.Run(t)
+	ws := &workers{t: t, url: b.ClientURL(), proc: map[string]*exec.Cmd{}, out: map[string]*output{},
+		args: []string{"--lease-ttl", "500ms", "--checkpoint-interval", "300ms"}}
+	first := ws.start()
+	waitDevice(t, b.ClientURL(), "cpu-0")
+	ws.start() // standby
+	c, err := client.Connect(b.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	const steps, readEvery = 16667, 100 // 6 ops a step: 100,002 ops, 166 reads
+	clean, err := c.Open(ctx, "cpu-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := program(ctx, clean, steps, readEvery, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clean.Close(ctx)
+
+	// Kill the owner after three random reads, starting a new standby each time.
+	kills := map[int]bool{}
+	for len(kills) < 3 {
+		kills[10+rand.IntN(140)] = true
+	}
+	var killed []string
+	var failovers []time.Duration
+	s, err := c.Open(ctx, "cpu-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var killedAt time.Time
+	got, err := program(ctx, s, steps, readEvery, func(k int) {
+		if !killedAt.IsZero() {
+			failovers = append(failovers, time.Since(killedAt))
+			killedAt = time.Time{}
+		}
+		if !kills[k] {
+			return
+		}
+		id := ws.owner(c)
+		ws.mu.Lock()
+		p := ws.proc[id]
+		ws.mu.Unlock()
+		if p == nil {
+			t.Errorf("read %d: no owner process for %q", k, id)
+			return
+		}
+		_ = p.Process.Signal(syscall.SIGKILL)
+		killedAt = time.Now()
+		killed = append(killed, id)
+		ws.start()
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, ws.logs())
+	}
+	if len(killed) != 3 || killed[0] != first {
+		t.Fatalf("killed %v, want 3 owners starting with %s", killed, first)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d reads, want %d", len(got), len(want))
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("read %d: bits %08x, the run without kills read %08x\n%s", i, got[i], want[i], ws.logs())
+		}
+	}
+	t.Logf("killed %v; kill to next answered read: %v", killed, failovers)
+	if err := s.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPausedWorkerStepsDown: a worker paused past its lease is replaced; when
+// it resumes its writes are refused and it steps down.
+func TestPausedWorkerStepsDown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("pauses worker processes; skipped in -short")
+	}
+	b := brokertest.Run(t)
+	ws := &workers{t: t, url: b.ClientURL(), proc: map[string]*exec.Cmd{}, out: map[string]*output{},
+		args: []string{"--lease-ttl", "500ms", "--checkpoint-interval", "200ms"}}
+	first := ws.start()
+	waitDevice(t, b.ClientURL(), "cpu-0")
+	second := ws.start()
+	c, err := client.Connect(b.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, err := c.Open(ctx, "cpu-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := s.Arange(0, 8, 1)
+	if v, err := x.Sum().Float32s(ctx); err != nil || v[0] != 28 {
+		t.Fatalf("before the pause: %v %v", v, err)
+	}
+	p := ws.proc[first]
+	_ = p.Process.Signal(syscall.SIGSTOP)
+	// The standby takes over; the session carries on.
+	y := x.Mul(x)
+	if v, err := y.Sum().Float32s(ctx); err != nil || v[0] != 140 {
+		t.Fatalf("after the takeover: %v %v\n%s", v, err, ws.logs())
+	}
+	if o := ws.owner(c); o != second {
+		t.Fatalf("owner %q after the pause, want %s", o, second)
+	}
+	_ = p.Process.Signal(syscall.SIGCONT)
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(ws.out[first].String(), "lease lost") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the resumed worker did not step down:\n%s", ws.logs())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// Its writes were refused: a second on, the registry and the data are
+	// still the successor's.
+	time.Sleep(time.Second)
+	if o := ws.owner(c); o != second {
+		t.Fatalf("owner %q after the old worker resumed, want %s\n%s", o, second, ws.logs())
+	}
+	if v, err := y.Add(x).Sum().Float32s(ctx); err != nil || v[0] != 168 {
+		t.Fatalf("after the old worker resumed: %v %v\n%s", v, err, ws.logs())
+	}
+	if err := s.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
