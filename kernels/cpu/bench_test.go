@@ -102,11 +102,11 @@ func BenchmarkMatmul(b *testing.B) {
 			if dt == kernels.Float64 && n > 1024 {
 				continue
 			}
-			x, y := tensor(b, be, r, dt, n, n), tensor(b, be, r, dt, n, n)
-			op := &kernels.Op{Name: kernels.OpMatmul}
-			out := infer(b, be, op, x, y)
-			in := []*kernels.Tensor{x, y}
 			b.Run(fmt.Sprintf("%v/%d", dt, n), func(b *testing.B) {
+				x, y := tensor(b, be, r, dt, n, n), tensor(b, be, r, dt, n, n)
+				op := &kernels.Op{Name: kernels.OpMatmul}
+				out := infer(b, be, op, x, y)
+				in := []*kernels.Tensor{x, y}
 				for b.Loop() {
 					if err := be.Exec(op, in, out); err != nil {
 						b.Fatal(err)
