@@ -35,6 +35,20 @@ func ProvisionStreams(ctx context.Context, js jetstream.JetStream, names subject
 	if err != nil {
 		return fmt.Errorf("broker: provision stream %s: %w", names.OpsStream(), err)
 	}
+	_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        names.JobsStream(),
+		Description: "jetfabric jobs: stateless op programs, each taken by one worker of its device kind",
+		Subjects:    []string{names.JobsAll()},
+		Retention:   jetstream.WorkQueuePolicy,
+		Storage:     jetstream.FileStorage,
+		Discard:     jetstream.DiscardNew,
+		MaxBytes:    orUnlimited(p.OpsMaxBytes),
+		MaxMsgSize:  p.OpsMaxMsgSize,
+		Replicas:    p.Replicas,
+	})
+	if err != nil {
+		return fmt.Errorf("broker: provision stream %s: %w", names.JobsStream(), err)
+	}
 	_, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:         names.CtrlBucket(),
 		Description:    "jetfabric device registry, leases and checkpoints",
@@ -90,6 +104,9 @@ func checkProvisioned(ctx context.Context, js jetstream.JetStream, names subject
 	defer cancel()
 	if _, err := js.Stream(cctx, names.OpsStream()); err != nil {
 		return fmt.Errorf("stream %s: %w", names.OpsStream(), err)
+	}
+	if _, err := js.Stream(cctx, names.JobsStream()); err != nil {
+		return fmt.Errorf("stream %s: %w", names.JobsStream(), err)
 	}
 	if _, err := js.KeyValue(cctx, names.CtrlBucket()); err != nil {
 		return fmt.Errorf("bucket %s: %w", names.CtrlBucket(), err)

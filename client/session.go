@@ -38,6 +38,8 @@ type Session struct {
 	errs   []error
 	closed bool
 	last   jetstream.PubAckFuture
+	// record: a job being built; ops are kept, never sent (see NewJob).
+	record bool
 }
 
 func newSession(c *Client, device string) (*Session, error) {
@@ -132,6 +134,10 @@ func (s *Session) enqueue(op codec.Op, outs int, in ...*Tensor) *Tensor {
 }
 
 func (s *Session) queueLocked(op codec.Op) {
+	if s.record {
+		s.queued = append(s.queued, op)
+		return
+	}
 	size := 48 + len(op.Data) + 8*(len(op.In)+len(op.Out)+len(op.Shape)+len(op.Axes)+len(op.Perm)+len(op.Values))
 	if len(s.queued) > 0 && (len(s.queued) >= s.c.opts.maxFrameOps || s.qbytes+size > s.c.opts.maxFrameBytes) {
 		s.flushLocked()
@@ -160,7 +166,7 @@ func (s *Session) flushLocked() {
 		s.timer.Stop()
 		s.timer = nil
 	}
-	if len(s.queued) == 0 {
+	if len(s.queued) == 0 || s.record {
 		return
 	}
 	data, err := codec.Marshal(codec.CBOR, &codec.Frame{V: codec.Version, Ops: s.queued})
@@ -192,6 +198,10 @@ func (s *Session) Flush() {
 func (s *Session) call(ctx context.Context, op codec.Op) (*codec.Result, error) {
 	ch := make(chan *codec.Result, 1)
 	s.mu.Lock()
+	if s.record {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("%w: a job cannot %s; name its outputs in Submit", ErrInvalidArgument, op.Op)
+	}
 	if s.closed {
 		s.mu.Unlock()
 		return nil, fmt.Errorf("%w: session %s", ErrClosed, s.id)
@@ -276,7 +286,9 @@ func (s *Session) abandon() {
 		s.timer.Stop()
 	}
 	s.mu.Unlock()
-	_ = s.sub.Unsubscribe()
+	if s.sub != nil {
+		_ = s.sub.Unsubscribe()
+	}
 	s.c.forget(s)
 }
 
@@ -293,7 +305,7 @@ func (s *Session) Apply(op codec.Op, in ...*Tensor) *Tensor {
 // so the same bytes are stored once.
 func (s *Session) Upload(ctx context.Context, dtype string, shape []int, data []byte) (*Tensor, error) {
 	op := codec.Op{Op: "upload", DType: dtype, Shape: append([]int(nil), shape...)}
-	if len(data) <= s.c.opts.inlineUpload {
+	if len(data) <= s.c.opts.inlineUpload && !s.record {
 		op.Data = data
 		return s.enqueue(op, 1), nil
 	}

@@ -144,3 +144,34 @@ type Device struct {
 	Frames uint64 `cbor:"frames,omitempty" json:"frames,omitempty"`
 	Lag    uint64 `cbor:"lag,omitempty" json:"lag,omitempty"`
 }
+
+// Job is a stateless op program for any worker of a device kind: it runs in
+// a fresh session of its own, reads its inputs from uploads (inline or by
+// object reference) and names the tensors to keep as Outputs. Jobs travel
+// on the jobs stream, each taken by one worker; a worker that dies before
+// finishing one leaves it to be redelivered to another.
+type Job struct {
+	V int `cbor:"v" json:"v"`
+	// ID is chosen by the client, unique (jetfabric's client uses 128
+	// random bits in hex); it names the result and the output objects.
+	ID      string   `cbor:"id" json:"id"`
+	Ops     []Op     `cbor:"ops" json:"ops"`
+	Outputs []uint64 `cbor:"outputs" json:"outputs"`
+}
+
+// JobResult is a job's outcome, written once under job.<id> in the control
+// bucket: the first worker to finish the job writes it, and a later finish
+// of the same job (a redelivery) finds it there and writes nothing.
+type JobResult struct {
+	V      int    `cbor:"v" json:"v"`
+	ID     string `cbor:"id" json:"id"`
+	Worker string `cbor:"worker" json:"worker"`
+	// Attempt is the delivery that completed the job (1 for the first).
+	Attempt uint64 `cbor:"attempt" json:"attempt"`
+	// Outputs are the output tensors, in the order of Job.Outputs, each
+	// as an object in the transfer bucket.
+	Outputs []Tensor `cbor:"outputs,omitempty" json:"outputs,omitempty"`
+	// Errors lists the job's op errors; a non-empty list means it failed.
+	Errors []Error   `cbor:"errors,omitempty" json:"errors,omitempty"`
+	Done   time.Time `cbor:"done" json:"done"`
+}

@@ -213,3 +213,23 @@ func (n Names) CkptBucket() string { return n.upper + "_CKPT" }
 func CheckpointObject(device string, seq uint64) string {
 	return "ckpt-" + device + "-" + strconv.FormatUint(seq, 10)
 }
+
+// JobsStream is the work-queue stream of jobs: FABRIC_JOBS.
+func (n Names) JobsStream() string { return n.upper + "_JOBS" }
+
+// Jobs is the subject jobs for devices of kind are published to:
+// fabric.jobs.<kind>.
+func (n Names) Jobs(kind string) string { return n.prefix + ".jobs." + kind }
+
+// JobsAll is the filter captured by the jobs stream: fabric.jobs.*.
+func (n Names) JobsAll() string { return n.prefix + ".jobs.*" }
+
+// JobsConsumer is the durable consumer every worker taking jobs of kind
+// shares: jobs-<kind>.
+func JobsConsumer(kind string) string { return "jobs-" + kind }
+
+// JobKey is the FABRIC_CTRL key of a job's result: job.<id>.
+func JobKey(id string) string { return "job." + id }
+
+// JobOutputObject names output i of job id in the transfer bucket.
+func JobOutputObject(id string, i int) string { return "job-" + id + "-" + strconv.Itoa(i) }

@@ -60,8 +60,11 @@ type Config struct {
 	ID string
 	// Prefix names the subjects and buckets (default "fabric").
 	Prefix string
-	// Devices the worker serves; at least one.
+	// Devices the worker serves.
 	Devices []Device
+	// Jobs are the kinds of jobs the worker takes. A worker needs at
+	// least one device or one kind of job.
+	Jobs []Jobs
 	// Limits on client input.
 	Limits Limits
 	// IdleTimeout frees a session with no frames for this long (0: never).
@@ -99,8 +102,18 @@ func (c Config) Validate() error {
 	if _, err := subjects.New(c.Prefix); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidConfig, err)
 	}
-	if len(c.Devices) == 0 {
-		return fmt.Errorf("%w: no devices", ErrInvalidConfig)
+	if len(c.Devices) == 0 && len(c.Jobs) == 0 {
+		return fmt.Errorf("%w: no devices and no jobs", ErrInvalidConfig)
+	}
+	kinds := map[string]bool{}
+	for _, j := range c.Jobs {
+		if err := j.validate(); err != nil {
+			return err
+		}
+		if kinds[j.Kind] {
+			return fmt.Errorf("%w: jobs of kind %s listed twice", ErrInvalidConfig, j.Kind)
+		}
+		kinds[j.Kind] = true
 	}
 	seen := map[string]bool{}
 	for _, d := range c.Devices {

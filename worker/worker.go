@@ -28,6 +28,7 @@ type Worker struct {
 	ckpt  *objectstore.Store
 
 	devices []*device
+	jobs    []*jobLoop
 	svc     micro.Service // see micro.go
 
 	stopOnce sync.Once
@@ -91,6 +92,15 @@ func (w *Worker) Start(ctx context.Context) error {
 			return fmt.Errorf("worker: start: %w", ctx.Err())
 		}
 	}
+	for _, j := range w.cfg.Jobs {
+		l, err := w.startJobs(ctx, j)
+		if err != nil {
+			w.Stop(context.Background())
+			return err
+		}
+		w.jobs = append(w.jobs, l)
+		w.wg.Go(l.run)
+	}
 	w.wg.Go(w.heartbeat)
 	if err := w.startService(); err != nil {
 		w.Stop(context.Background())
@@ -136,6 +146,9 @@ func (w *Worker) Stop(ctx context.Context) error {
 		w.cancel()
 		for _, d := range w.devices {
 			d.halt()
+		}
+		for _, j := range w.jobs {
+			j.stop()
 		}
 	})
 	done := make(chan struct{})

@@ -233,3 +233,66 @@ func TestPausedWorkerStepsDown(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestJobsSurviveAKill: 1,000 jobs across 3 worker processes, one killed
+// mid-way; every job completes, once, with the right output.
+func TestJobsSurviveAKill(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills worker processes; skipped in -short")
+	}
+	b := brokertest.Run(t)
+	var procs []*exec.Cmd
+	var outs []*output
+	for i := range 3 {
+		p, out := spawn(t, "worker", "--url", b.ClientURL(), "--cpus", "0", "--jobs", "cpu", "--job-ack-wait", "1s", "--id", fmt.Sprintf("j%d", i))
+		procs, outs = append(procs, p), append(outs, out)
+	}
+	c, err := client.Connect(b.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const n = 1000
+	ids := make([]string, n)
+	for k := range n {
+		j := c.NewJob()
+		x := j.FromFloat32([]int{4}, []float32{float32(k), 1, 2, 3})
+		ids[k], err = c.Submit(ctx, "cpu", j, x.Mul(j.Full(nil, 2)).Sum())
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Kill one worker once a third of the jobs are done.
+	if _, err := c.Wait(ctx, ids[:n/3]...); err != nil {
+		t.Fatal(err)
+	}
+	_ = procs[0].Process.Signal(syscall.SIGKILL)
+	res, err := c.Wait(ctx, ids...)
+	if err != nil {
+		t.Fatalf("%v\n%s\n%s", err, outs[1].String(), outs[2].String())
+	}
+	by := map[string]int{}
+	redelivered := 0
+	for k, r := range res {
+		if r.ID != ids[k] {
+			t.Fatalf("result %d is of job %s", k, r.ID)
+		}
+		d, err := r.Output(ctx, 0)
+		if err != nil {
+			t.Fatalf("job %d: %v", k, err)
+		}
+		if got, want := math.Float32frombits(uint32(d.Bytes[0])|uint32(d.Bytes[1])<<8|uint32(d.Bytes[2])<<16|uint32(d.Bytes[3])<<24), float32(2*(k+6)); got != want {
+			t.Fatalf("job %d: %v, want %v", k, got, want)
+		}
+		by[r.Worker]++
+		if r.Attempt > 1 {
+			redelivered++
+		}
+	}
+	if by["j1"] == 0 || by["j2"] == 0 {
+		t.Errorf("jobs by worker %v: the survivors took none", by)
+	}
+	t.Logf("1000 jobs by worker %v, %d completed on a second delivery", by, redelivered)
+}

@@ -105,6 +105,8 @@ type workerFlags struct {
 	id         string
 	leaseTTL   time.Duration // 0: the worker default
 	checkpoint time.Duration // 0: the worker default; negative: only on request
+	jobs       string
+	jobAckWait time.Duration
 }
 
 func (f *workerFlags) register(fs *flag.FlagSet) {
@@ -112,6 +114,8 @@ func (f *workerFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.devices, "devices", "", "comma-separated device names to serve, e.g. cpu-0,cpu-1")
 	fs.DurationVar(&f.idle, "idle-timeout", 10*time.Minute, "free a session idle this long (0: never)")
 	fs.StringVar(&f.id, "id", "", "worker id in the registry (default host-pid)")
+	fs.StringVar(&f.jobs, "jobs", "", "also take jobs of this device kind from the jobs stream (cpu); with -cpus 0, only jobs")
+	fs.DurationVar(&f.jobAckWait, "job-ack-wait", 10*time.Second, "a job unacknowledged this long (its worker died) goes to another worker")
 	fs.DurationVar(&f.leaseTTL, "lease-ttl", time.Second, "device lease TTL: a standby takes a device over this long after its worker stops renewing")
 	f.checkpoint = 30 * time.Second
 	fs.Func("checkpoint-interval", "checkpoint each device this often when it ran frames; 0: only on request and at a clean stop (default 30s)", func(v string) error {
@@ -149,8 +153,8 @@ func (f *workerFlags) config(logf func(string, ...any)) (worker.Config, error) {
 	if f.devices != "" {
 		names = strings.Split(f.devices, ",")
 	} else {
-		if f.cpus < 1 {
-			return cfg, fmt.Errorf("-cpus %d: want at least 1", f.cpus)
+		if f.cpus < 0 || f.cpus == 0 && f.jobs == "" {
+			return cfg, fmt.Errorf("-cpus %d: want at least 1 (or 0 with -jobs)", f.cpus)
 		}
 		for i := range f.cpus {
 			names = append(names, fmt.Sprintf("cpu-%d", i))
@@ -158,6 +162,13 @@ func (f *workerFlags) config(logf func(string, ...any)) (worker.Config, error) {
 	}
 	for _, n := range names {
 		cfg.Devices = append(cfg.Devices, worker.Device{Name: n, Kind: "cpu", Backend: cpu.New(), Cores: cpuCores()})
+	}
+	switch f.jobs {
+	case "":
+	case "cpu":
+		cfg.Jobs = []worker.Jobs{{Kind: "cpu", Backend: cpu.New(), AckWait: f.jobAckWait}}
+	default:
+		return cfg, fmt.Errorf("-jobs %q: this worker runs cpu jobs", f.jobs)
 	}
 	return cfg, cfg.Validate()
 }
