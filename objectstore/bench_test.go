@@ -204,7 +204,7 @@ func BenchmarkReadAhead(b *testing.B) {
 		if _, err := w.Put(ctx, "readahead", data, nil); err != nil {
 			b.Fatal(err)
 		}
-		for _, ra := range []int{4 << 20, 8 << 20, 16 << 20, 32 << 20} {
+		for _, ra := range []int{1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20} {
 			s := e.store(b, objectstore.WithReadAhead(ra))
 			b.Run(fmt.Sprintf("256MiB/chunk=%dKiB/readahead=%dMiB/getinto", chunk>>10, ra>>20), func(b *testing.B) {
 				b.SetBytes(size)

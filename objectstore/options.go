@@ -19,8 +19,8 @@ const (
 	// DefaultPartThreshold is the size above which WithParts splits.
 	DefaultPartThreshold = 256 << 20
 	// DefaultReadAhead bounds the bytes one Get has requested from the
-	// broker and not yet received.
-	DefaultReadAhead = 16 << 20
+	// broker and not yet received: 4 MiB.
+	DefaultReadAhead = 4 << 20
 
 	maxWindow = 4096
 	maxParts  = 64

@@ -42,8 +42,10 @@ type Info struct {
 var validBucket = regexp.MustCompile(`^[a-zA-Z0-9_-]+$`)
 
 // New binds to the object bucket, which must exist (ErrBucketNotFound
-// otherwise). The chunk size must fit the connection's max_payload and
-// the bucket's max message size (ErrInvalidOption otherwise).
+// otherwise); looking it up is bounded by WithTimeout. The chunk size must
+// fit the connection's max_payload and the bucket's max message size
+// (ErrInvalidOption otherwise). The bucket's stream must allow direct gets,
+// as every object bucket made by nats.go, the nats CLI or the broker does.
 func New(js jetstream.JetStream, bucket string, opts ...Option) (*Store, error) {
 	if js == nil {
 		return nil, fmt.Errorf("%w: nil JetStream", ErrInvalidOption)
