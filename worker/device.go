@@ -44,6 +44,15 @@ type device struct {
 	// quietTo: frames up to this sequence ran before the takeover; their
 	// reads were answered then, so replay does not answer them again.
 	quietTo uint64
+	// replay tracks the catch-up after a takeover, until the device has
+	// applied every frame that was in the stream.
+	replay struct {
+		on         bool
+		start      time.Time
+		frames     uint64
+		ops0       uint64
+		restoredAt uint64
+	}
 	stopErr error
 }
 
@@ -144,6 +153,7 @@ func (d *device) takeOver(ctx context.Context) error {
 		return err
 	}
 	w.logf("worker: %s: serving (restored %d sessions at sequence %d in %v)", d.cfg.Name, len(d.sessions), from, time.Since(t0).Round(time.Millisecond))
+	d.replay.on, d.replay.start, d.replay.frames, d.replay.ops0, d.replay.restoredAt = true, time.Now(), 0, d.m.ops.Load(), from
 	return nil
 }
 
@@ -312,6 +322,12 @@ func (d *device) handle(msg jetstream.Msg) {
 	if md, err := msg.Metadata(); err == nil {
 		seq = md.Sequence.Stream
 		d.m.pending.Store(md.NumPending)
+		if d.replay.on {
+			d.replay.frames++
+			if md.NumPending == 0 {
+				defer d.replayed()
+			}
+		}
 	}
 	if seq != 0 && seq <= d.applied.Load() {
 		return // already applied
@@ -373,6 +389,16 @@ func (d *device) handle(msg jetstream.Msg) {
 		delete(d.sessions, sid)
 		d.sessionCount.Store(int64(len(d.sessions)))
 	}
+}
+
+// replayed ends the catch-up after a takeover: every frame that was in the
+// stream has been applied.
+func (d *device) replayed() {
+	d.replay.on = false
+	el := time.Since(d.replay.start)
+	ops := d.m.ops.Load() - d.replay.ops0
+	d.w.logf("worker: %s: caught up: replayed %d frames (%d ops) after sequence %d in %v (%.0f ops/s)",
+		d.cfg.Name, d.replay.frames, ops, d.replay.restoredAt, el.Round(time.Millisecond), float64(ops)/el.Seconds())
 }
 
 // reply publishes r on subject; errors are logged, never fatal.

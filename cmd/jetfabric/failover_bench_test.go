@@ -1,0 +1,164 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jetfabric/jetfabric/broker/brokertest"
+	"github.com/jetfabric/jetfabric/client"
+)
+
+// BenchmarkFailover measures the time from SIGKILL of a device's worker to
+// the session's next answered read, with a standby process waiting, for
+// lease TTLs of 1s (the default) and 500ms.
+func BenchmarkFailover(b *testing.B) {
+	for _, ttl := range []string{"1s", "500ms"} {
+		b.Run("lease-"+ttl, func(b *testing.B) {
+			br := brokertest.Run(b)
+			var total time.Duration
+			n := 0
+			for b.Loop() {
+				owner := spawnB(b, "worker", "--url", br.ClientURL(), "--devices", "cpu-0", "--lease-ttl", ttl, "--id", fmt.Sprintf("o%d", n))
+				waitDeviceB(b, br.ClientURL(), fmt.Sprintf("o%d", n))
+				spawnB(b, "worker", "--url", br.ClientURL(), "--devices", "cpu-0", "--lease-ttl", ttl, "--id", fmt.Sprintf("s%d", n))
+				c, err := client.Connect(br.ClientURL())
+				if err != nil {
+					b.Fatal(err)
+				}
+				ctx := context.Background()
+				s, err := c.Open(ctx, "cpu-0")
+				if err != nil {
+					b.Fatal(err)
+				}
+				x := s.Arange(0, 1000, 1)
+				if _, err := x.Sum().Float32s(ctx); err != nil {
+					b.Fatal(err)
+				}
+				time.Sleep(50 * time.Millisecond) // let the standby settle
+				_ = owner.Process.Signal(syscall.SIGKILL)
+				t0 := time.Now()
+				if _, err := x.Mul(x).Sum().Float32s(ctx); err != nil {
+					b.Fatal(err)
+				}
+				total += time.Since(t0)
+				n++
+				s.Close(ctx)
+				c.Close()
+				// The standby is the owner now; kill it too so the next
+				// round starts with a fresh pair.
+				b.StopTimer()
+				killAll(b)
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(total.Milliseconds())/float64(n), "ms/failover")
+		})
+	}
+}
+
+// BenchmarkReplay measures takeover by replay alone (no checkpoint): a
+// session runs ops, its worker is killed, and a new worker replays them all
+// before it answers the read.
+func BenchmarkReplay(b *testing.B) {
+	const ops = 200000
+	for b.Loop() {
+		b.StopTimer()
+		br := brokertest.Run(b)
+		owner := spawnB(b, "worker", "--url", br.ClientURL(), "--devices", "cpu-0", "--checkpoint-interval", "0", "--id", "first")
+		waitDeviceB(b, br.ClientURL(), "first")
+		c, err := client.Connect(br.ClientURL())
+		if err != nil {
+			b.Fatal(err)
+		}
+		ctx := context.Background()
+		s, err := c.Open(ctx, "cpu-0")
+		if err != nil {
+			b.Fatal(err)
+		}
+		x, one := s.Full([]int{1}, 0), s.Full([]int{1}, 1)
+		for range ops {
+			x = x.Add(one)
+		}
+		if _, err := x.Float32s(ctx); err != nil {
+			b.Fatal(err)
+		}
+		_ = owner.Process.Signal(syscall.SIGKILL)
+		_ = owner.Wait()
+		b.StartTimer()
+		t0 := time.Now()
+		_, out := spawnOut(b, "worker", "--url", br.ClientURL(), "--devices", "cpu-0", "--checkpoint-interval", "0", "--id", "second")
+		if v, err := x.Add(one).Float32s(ctx); err != nil || v[0] != ops+1 {
+			b.Fatalf("after replay: %v %v", v, err)
+		}
+		el := time.Since(t0)
+		b.ReportMetric(float64(el.Milliseconds()), "ms-to-read")
+		// The worker logs its catch-up: "... in 412ms (485000 ops/s)".
+		if m := regexp.MustCompile(`caught up: replayed \d+ frames \((\d+) ops\).* in ([^ ]+) \((\d+) ops/s\)`).FindStringSubmatch(out.String()); m != nil {
+			rate, _ := strconv.ParseFloat(m[3], 64)
+			b.ReportMetric(rate, "replayed-ops/s")
+		} else {
+			b.Fatalf("no catch-up line in the worker's log:\n%s", out.String())
+		}
+		b.StopTimer()
+		s.Close(ctx)
+		c.Close()
+		killAll(b)
+		b.StartTimer()
+	}
+}
+
+var benchProcs []*exec.Cmd
+
+func spawnB(b *testing.B, args ...string) *exec.Cmd {
+	cmd, _ := spawnOut(b, args...)
+	return cmd
+}
+
+func spawnOut(b *testing.B, args ...string) (*exec.Cmd, *output) {
+	b.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), "JETFABRIC_TEST_MAIN=1")
+	out := &output{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	benchProcs = append(benchProcs, cmd)
+	b.Cleanup(func() { killAll(b) })
+	return cmd, out
+}
+
+func killAll(b *testing.B) {
+	for _, p := range benchProcs {
+		_ = p.Process.Signal(syscall.SIGKILL)
+		_ = p.Wait()
+	}
+	benchProcs = nil
+}
+
+// waitDeviceB waits until cpu-0 is served by worker id.
+func waitDeviceB(b *testing.B, url, id string) {
+	b.Helper()
+	c, err := client.Connect(url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		devs, _ := c.Devices(context.Background())
+		for _, d := range devs {
+			if d.Name == "cpu-0" && d.Worker == id && d.State == "serving" {
+				return
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	b.Fatalf("cpu-0 never served by %s", id)
+}
