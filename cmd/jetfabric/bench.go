@@ -50,6 +50,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	upload := fs.Int("upload-mib", 64, "size of the upload and read-back in MiB (0 skips)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	echo := fs.String("serve-echo", "", "internal: serve the raw responder on this URL until stopped")
+	ckpt := fs.Duration("checkpoint-interval", 30*time.Second, "the worker's checkpoint interval (0: only on request), to measure what checkpoints cost")
 	scale := fs.String("scale", "", "horizontal scaling instead: the same job sets on these numbers of worker processes, e.g. 1,2,4")
 	var sc scaleConfig
 	fs.IntVar(&sc.jobs, "scale-jobs", 32, "with -scale: jobs (sessions) in a set")
@@ -71,7 +72,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		return benchScale(ctx, sc, *asJSON, stdout, progress)
 	}
-	url, stop, err := benchFabric(ctx, *layout, progress)
+	url, stop, err := benchFabric(ctx, *layout, *ckpt, progress)
 	if err != nil {
 		return err
 	}
@@ -102,7 +103,11 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 }
 
 // benchFabric starts the fabric in the chosen layout and returns its URL.
-func benchFabric(ctx context.Context, layout string, progress func(string, ...any)) (string, func(), error) {
+func benchFabric(ctx context.Context, layout string, ckpt time.Duration, progress func(string, ...any)) (string, func(), error) {
+	wf := workerFlags{cpus: 1, idle: time.Hour, checkpoint: ckpt}
+	if ckpt == 0 {
+		wf.checkpoint = -1 // off
+	}
 	dir, err := os.MkdirTemp("", "jetfabric-bench-")
 	if err != nil {
 		return "", nil, err
@@ -128,7 +133,7 @@ func benchFabric(ctx context.Context, layout string, progress func(string, ...an
 		}
 		cleanup = append(cleanup, func() { _ = shutdown(b, nil) })
 		url := b.ClientURL()
-		wcfg, _ := (&workerFlags{cpus: 1, idle: time.Hour}).config(nil)
+		wcfg, _ := wf.config(nil)
 		nc, err := nats.Connect(url)
 		if err != nil {
 			stop()
@@ -171,7 +176,7 @@ func benchFabric(ctx context.Context, layout string, progress func(string, ...an
 			stop()
 			return "", nil, err
 		}
-		if err := start("worker", "--url", url, "--idle-timeout", "1h"); err != nil {
+		if err := start("worker", "--url", url, "--idle-timeout", "1h", "--checkpoint-interval", ckpt.String()); err != nil {
 			stop()
 			return "", nil, err
 		}
