@@ -115,7 +115,7 @@ func (s *Store) readChunks(ctx context.Context, oi *jetstream.ObjectInfo, dst []
 		n:     int(oi.Chunks),
 		batch: max(1, readAhead/max(chunk, 1)),
 	}
-	r.batch = min(r.batch, r.n)
+	r.batch = min(r.batch, r.n, maxBatch)
 	r.work = make(chan *nats.Msg, r.batch+1)
 	r.h = sha256.New()
 	r.wg.Go(r.copyLoop)
@@ -136,6 +136,10 @@ func (s *Store) readChunks(ctx context.Context, oi *jetstream.ObjectInfo, dst []
 	}
 	return nil
 }
+
+// maxBatch bounds the chunks of one request (and the buffers sized by it)
+// whatever chunk size an object declares.
+const maxBatch = 1024
 
 // reader fetches one object's chunks. Its run loop (the caller's
 // goroutine) sends the requests and checks each chunk against the meta;
@@ -320,7 +324,8 @@ func (r *reader) take(m *nats.Msg) error {
 	r.pending--
 	if r.got == r.n {
 		if r.off != len(r.dst) {
-			return &retryable{fmt.Errorf("%w: %d chunks hold %d bytes, meta says %d", errInconsistent, r.n, r.off, len(r.dst))}
+			// Every chunk checked out against the subject: the meta is wrong.
+			return fmt.Errorf("%w: %q in bucket %s: %d chunks hold %d bytes, meta says %d", ErrDigest, r.name, r.s.bucket, r.n, r.off, len(r.dst))
 		}
 		return nil
 	}

@@ -174,7 +174,6 @@ type writer struct {
 	prevAsked bool
 	prevDone  bool
 	prev      *jetstream.ObjectInfo
-	prevHdr   nats.Header
 }
 
 // Reply tokens under the writer's inbox besides chunk indexes.
@@ -268,8 +267,8 @@ func (w *writer) askPrev() {
 
 func (w *writer) takePrev(m *nats.Msg) {
 	w.prevDone = true
-	if oi, hdr, err := decodeMeta(m, w.s.bucket, w.name); err == nil {
-		w.prev, w.prevHdr = oi, hdr
+	if oi, _, err := decodeMeta(m, w.s.bucket, w.name); err == nil {
+		w.prev = oi
 	}
 }
 

@@ -355,12 +355,20 @@ func TestIntegrity(t *testing.T) {
 			oi.Digest = "SHA-256=" + b64(sum[:])
 			publishMeta(t, e, oi)
 		}, true},
-		{"meta size", func(t *testing.T, name string) {
+		{"meta size short", func(t *testing.T, name string) {
 			oi, err := e.obs.GetInfo(ctx, name)
 			if err != nil {
 				t.Fatal(err)
 			}
 			oi.Size--
+			publishMeta(t, e, oi)
+		}, false},
+		{"meta size long", func(t *testing.T, name string) {
+			oi, err := e.obs.GetInfo(ctx, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			oi.Size++
 			publishMeta(t, e, oi)
 		}, false},
 		{"extra chunk", func(t *testing.T, name string) {
