@@ -524,7 +524,17 @@ func TestWait(t *testing.T) {
 			in, err := s.Wait(ctx, "later")
 			got <- result{in, err}
 		}()
-		time.Sleep(50 * time.Millisecond) // let the watch start first (either order must work)
+		// Put once the watch is in place, so that Wait is truly waiting.
+		checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+			si, err := e.str.Info(ctx)
+			if err != nil {
+				return err
+			}
+			if si.State.Consumers == 0 {
+				return errors.New("Wait has no consumer yet")
+			}
+			return nil
+		})
 		put, err := s.Put(ctx, "later", data, map[string]string{"k": "v"})
 		if err != nil {
 			t.Fatal(err)
