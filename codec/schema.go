@@ -33,6 +33,11 @@ type Op struct {
 	Axes     []int  `cbor:"axes,omitempty" json:"axes,omitempty"`
 	Keepdims bool   `cbor:"keepdims,omitempty" json:"keepdims,omitempty"`
 	Perm     []int  `cbor:"perm,omitempty" json:"perm,omitempty"`
+	// Axis is the axis of softmax and log_softmax (-1: the last).
+	Axis int `cbor:"axis,omitempty" json:"axis,omitempty"`
+	// Correction is subtracted from the count in var's divisor (1: sample
+	// variance).
+	Correction int `cbor:"correction,omitempty" json:"correction,omitempty"`
 
 	Value float64 `cbor:"value,omitempty" json:"value,omitempty"`
 	Start float64 `cbor:"start,omitempty" json:"start,omitempty"`
@@ -52,6 +57,28 @@ type Op struct {
 	// Object names an object in the transfer bucket holding an upload's
 	// bytes, for uploads too large to travel inline.
 	Object string `cbor:"object,omitempty" json:"object,omitempty"`
+
+	// Transfer is the id of a transfer (expose, import): 32 hex digits
+	// (128 random bits) minted by the client, never reused.
+	Transfer string `cbor:"transfer,omitempty" json:"transfer,omitempty"`
+	// Reads bounds how many imports may read an exposed tensor (default 1).
+	Reads int `cbor:"reads,omitempty" json:"reads,omitempty"`
+	// TimeoutMS bounds how long an import or a collective waits for its
+	// peers (default 60000).
+	TimeoutMS int `cbor:"timeout_ms,omitempty" json:"timeout_ms,omitempty"`
+	// Group, Rank and Size place a collective op: the group id (32 hex
+	// digits, the same on every rank), this rank, and the number of ranks.
+	Group string `cbor:"group,omitempty" json:"group,omitempty"`
+	Rank  int    `cbor:"rank,omitempty" json:"rank,omitempty"`
+	Size  int    `cbor:"size,omitempty" json:"size,omitempty"`
+	// Root is the rank a broadcast sends from.
+	Root int `cbor:"root,omitempty" json:"root,omitempty"`
+	// Reduce is a collective's reduction: sum (default), mean, max or min.
+	Reduce string `cbor:"reduce,omitempty" json:"reduce,omitempty"`
+	// Algo is a collective's algorithm: "scatter" (default; every rank
+	// reduces its own slice, then every rank gathers the reduced slices)
+	// or "naive" (gather to rank 0, reduce there, fetch from it).
+	Algo string `cbor:"algo,omitempty" json:"algo,omitempty"`
 }
 
 // Result answers a read or a sync on the frame's reply subject.

@@ -233,3 +233,28 @@ func JobKey(id string) string { return "job." + id }
 
 // JobOutputObject names output i of job id in the transfer bucket.
 func JobOutputObject(id string, i int) string { return "job-" + id + "-" + strconv.Itoa(i) }
+
+// TransferObject names the object holding transfer id in FABRIC_XFER.
+func TransferObject(id string) string { return "xfer-" + id }
+
+// TransferKey is the FABRIC_CTRL key counting the reads of transfer id.
+func TransferKey(id string) string { return "xfer." + id }
+
+// CollectiveObject names a piece of a collective in FABRIC_XFER: the part
+// rank from sends to rank to in phase phase of group (to -1: for every rank).
+func CollectiveObject(group, phase string, from, to int) string {
+	return "coll-" + group + "-" + phase + "-" + strconv.Itoa(from) + "-" + strconv.Itoa(to)
+}
+
+// ValidateID checks a transfer or group id: 32 lower-case hex digits.
+func ValidateID(id string) error {
+	if len(id) != 32 {
+		return fmt.Errorf("%w: id %q: want 32 hex digits", ErrInvalidToken, id)
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return fmt.Errorf("%w: id %q: want 32 lower-case hex digits", ErrInvalidToken, id)
+		}
+	}
+	return nil
+}

@@ -124,6 +124,7 @@ func (d *device) checkpoint(ctx context.Context) (*checkpointRef, error) {
 		}
 	}
 	d.ckptSeq, d.ckptObject = seq, name
+	d.dropConsumed(ctx)
 	d.m.checkpoint(time.Since(start), info.Size)
 	return ref, nil
 }

@@ -41,6 +41,9 @@ type device struct {
 	ckptSeq    uint64 // sequence of the last committed checkpoint
 	ckptObject string // its object
 	ckptWanted bool   // a checkpoint op asked for one after this frame
+	// consumed are transfer objects this device read last; deleted once a
+	// checkpoint covers the ops that read them.
+	consumed []string
 	// quietTo: frames up to this sequence ran before the takeover; their
 	// reads were answered then, so replay does not answer them again.
 	quietTo uint64
@@ -220,6 +223,7 @@ func (d *device) stepDown(release bool) {
 	d.m.tensorBytes.Store(0)
 	d.applied.Store(0)
 	d.ckptSeq, d.ckptObject, d.ckptWanted, d.quietTo = 0, "", false, 0
+	d.consumed = nil
 }
 
 func (d *device) currentLease() *lease {

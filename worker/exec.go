@@ -82,6 +82,12 @@ func (x *exec) op(i int, op *codec.Op) (closed bool) {
 		x.s.seed = op.Seed
 	case opCheckpoint:
 		x.d.ckptWanted = true
+	case opExpose:
+		err = x.expose(i, op)
+	case opImport:
+		err = x.importT(i, op)
+	case opAllReduce, opAllGather, opReduceScatter, opBroadcast:
+		err = x.collective(i, op)
 	case opClose:
 		x.s.freeAll(x.d.cfg.Backend)
 		if op.Tag != 0 {
@@ -248,6 +254,7 @@ func (x *exec) release(ts []*kernels.Tensor) {
 func kernelOp(op *codec.Op) (*kernels.Op, error) {
 	k := &kernels.Op{
 		Name: op.Op, Shape: op.Shape, Axes: op.Axes, Keepdims: op.Keepdims, Perm: op.Perm,
+		Axis: op.Axis, Correction: op.Correction,
 		Value: op.Value, Start: op.Start, Stop: op.Stop, Step: op.Step,
 		Low: op.Low, High: op.High, Mean: op.Mean, Std: op.Std,
 	}

@@ -1,0 +1,305 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetfabric/jetfabric/broker"
+	"github.com/jetfabric/jetfabric/broker/brokertest"
+	"github.com/jetfabric/jetfabric/client"
+	"github.com/jetfabric/jetfabric/codec"
+	"github.com/jetfabric/jetfabric/kernels/cpu"
+	"github.com/jetfabric/jetfabric/worker"
+)
+
+// devices starts a broker and a worker serving n CPU devices.
+func devices(t testing.TB, n int) (*broker.Broker, *client.Client) {
+	t.Helper()
+	b := brokertest.Run(t)
+	nc, err := nats.Connect(b.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := worker.DefaultConfig()
+	for i := range n {
+		cfg.Devices = append(cfg.Devices, worker.Device{Name: fmt.Sprintf("cpu-%d", i), Kind: "cpu", Backend: cpu.New()})
+	}
+	w, err := worker.New(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.Connect(b.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(); w.Stop(context.Background()); nc.Close() })
+	return b, c
+}
+
+func TestTransfer(t *testing.T) {
+	_, c := devices(t, 2)
+	a, b := open(t, c, "cpu-0"), open(t, c, "cpu-1")
+	x := a.Arange(0, 6, 1).Reshape(2, 3)
+	y := x.To(b)
+	expect(t, "moved", read(t, y.Mul(y).Sum(1)), 5, 50)
+	// Same device, other session.
+	a2 := open(t, c, "cpu-0")
+	expect(t, "same device", read(t, y.To(a2).Sum()), 15)
+	// Big enough to be chunked.
+	big := a.Full([]int{1 << 20}, 0.5)
+	expect(t, "4 MiB", read(t, big.To(b).Sum()), 1<<19)
+}
+
+func TestTransferFaults(t *testing.T) {
+	br, c := devices(t, 2)
+	ctx := context.Background()
+	a, b := open(t, c, "cpu-0"), open(t, c, "cpu-1")
+	id := "0123456789abcdef0123456789abcdef"
+
+	// Never exposed: the import times out, nothing hangs.
+	t0 := time.Now()
+	lost := b.Apply(codec.Op{Op: "import", Transfer: id, TimeoutMS: 300})
+	if _, err := lost.Float32s(ctx); err == nil || !strings.Contains(err.Error(), "did not arrive") {
+		t.Fatalf("import of a transfer never exposed: %v", err)
+	}
+	if el := time.Since(t0); el > 10*time.Second {
+		t.Errorf("the timeout took %v", el)
+	}
+
+	// Read past its limit.
+	x := a.Full([]int{4}, 2)
+	id2 := "1123456789abcdef0123456789abcdef"
+	x.Expose(id2, 1)
+	expect(t, "first import", read(t, b.Import(id2, 0)), 2, 2, 2, 2)
+	second := open(t, c, "cpu-1").Apply(codec.Op{Op: "import", Transfer: id2, TimeoutMS: 2000})
+	if _, err := second.Float32s(ctx); err == nil || !strings.Contains(err.Error(), "already read 1 times") {
+		t.Fatalf("second import: %v", err)
+	}
+
+	// dtype and shape mismatch.
+	id3 := "2123456789abcdef0123456789abcdef"
+	x.Expose(id3, 2)
+	for _, op := range []codec.Op{{Op: "import", Transfer: id3, DType: "i32"}, {Op: "import", Transfer: id3, Shape: []int{2, 2}}} {
+		bad := b.Apply(op)
+		if _, err := bad.Float32s(ctx); err == nil || !strings.Contains(err.Error(), "expects") {
+			t.Fatalf("import %+v: %v", op, err)
+		}
+	}
+
+	// Bad ids.
+	if _, err := b.Apply(codec.Op{Op: "import", Transfer: "xyz"}).Float32s(ctx); err == nil || !strings.Contains(err.Error(), "hex") {
+		t.Fatalf("bad transfer id: %v", err)
+	}
+
+	// A corrupted chunk: the digest check catches it.
+	id4 := "3123456789abcdef0123456789abcdef"
+	y := a.Arange(0, 1000, 1)
+	y.Expose(id4, 1)
+	if err := a.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	nc, _ := nats.Connect(br.ClientURL())
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	os, _ := js.ObjectStore(ctx, "FABRIC_XFER")
+	info, err := os.GetInfo(ctx, "xfer-"+id4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, _ := js.Stream(ctx, "OBJ_FABRIC_XFER")
+	chunks := "$O.FABRIC_XFER.C." + info.NUID
+	if err := stream.Purge(ctx, jetstream.WithPurgeSubject(chunks)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, chunks, make([]byte, 4000)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Apply(codec.Op{Op: "import", Transfer: id4, TimeoutMS: 2000}).Float32s(ctx); err == nil || !strings.Contains(err.Error(), "corrupt") {
+		t.Fatalf("import of a corrupted transfer: %v", err)
+	}
+	// The sessions still work.
+	expect(t, "after", read(t, a.Full([]int{1}, 3)), 3)
+	expect(t, "after", read(t, b.Full([]int{1}, 4)), 4)
+}
+
+func TestCollectives(t *testing.T) {
+	_, c := devices(t, 4)
+	ctx := context.Background()
+	var ss []*client.Session
+	var xs []*client.Tensor
+	for r := range 4 {
+		s := open(t, c, fmt.Sprintf("cpu-%d", r))
+		s.Seed(uint64(r))
+		ss = append(ss, s)
+		xs = append(xs, s.Uniform([]int{4, 5}, -1, 1))
+	}
+	vals := make([][]float32, 4)
+	for r := range xs {
+		vals[r] = read(t, xs[r])
+	}
+	ref := func(f func(a, b float64) float64, div float64) []float64 {
+		out := make([]float64, 20)
+		for i := range out {
+			acc := float64(vals[0][i])
+			for r := 1; r < 4; r++ {
+				acc = float64(float32(f(acc, float64(vals[r][i]))))
+			}
+			out[i] = acc / div
+		}
+		return out
+	}
+	sum := func(a, b float64) float64 { return a + b }
+	for _, c := range []struct {
+		reduce string
+		f      func(a, b float64) float64
+		div    float64
+	}{{"sum", sum, 1}, {"mean", sum, 4}, {"max", math.Max, 1}, {"min", math.Min, 1}} {
+		for _, naive := range []bool{false, true} {
+			var opts []client.CollectiveOption
+			if naive {
+				opts = append(opts, client.Naive())
+			}
+			out, err := client.AllReduce(c.reduce, xs, opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := ref(c.f, c.div)
+			first := read(t, out[0])
+			for r := range out {
+				got := read(t, out[r])
+				for i := range got {
+					if math.Float32bits(got[i]) != math.Float32bits(first[i]) {
+						t.Fatalf("%s naive=%v: rank %d differs from rank 0 at %d", c.reduce, naive, r, i)
+					}
+					if math.Abs(float64(got[i])-want[i]) > 1e-5 {
+						t.Fatalf("%s naive=%v: rank %d [%d] = %v, want %v", c.reduce, naive, r, i, got[i], want[i])
+					}
+				}
+			}
+		}
+	}
+	g, err := client.AllGather(xs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := read(t, g[2])
+	for r := range 4 {
+		for i := range 20 {
+			if all[r*20+i] != vals[r][i] {
+				t.Fatalf("all_gather [%d] wrong", r*20+i)
+			}
+		}
+	}
+	rs, err := client.ReduceScatter("sum", xs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := ref(sum, 1)
+	for r := range 4 {
+		got := read(t, rs[r])
+		for i := range got {
+			if math.Abs(float64(got[i])-full[r*5+i]) > 1e-5 {
+				t.Fatalf("reduce_scatter rank %d [%d] = %v, want %v", r, i, got[i], full[r*5+i])
+			}
+		}
+	}
+	bc, err := client.Broadcast(1, xs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r := range 4 {
+		got := read(t, bc[r])
+		for i := range got {
+			if got[i] != vals[1][i] {
+				t.Fatalf("broadcast rank %d wrong", r)
+			}
+		}
+	}
+	// Bad groups are refused before anything is sent.
+	if _, err := client.AllReduce("sum", []*client.Tensor{xs[0], ss[0].Full(nil, 1)}); !errors.Is(err, client.ErrInvalidArgument) {
+		t.Errorf("two ranks on one device: %v", err)
+	}
+	if _, err := client.Broadcast(9, xs); !errors.Is(err, client.ErrInvalidArgument) {
+		t.Errorf("root 9: %v", err)
+	}
+	_ = ctx
+}
+
+// TestCollectiveMissingRank: a rank that never joins makes the others fail
+// after their timeout; no worker blocks forever.
+func TestCollectiveMissingRank(t *testing.T) {
+	_, c := devices(t, 3)
+	ctx := context.Background()
+	var outs []*client.Tensor
+	group := "4123456789abcdef0123456789abcdef"
+	for r := range 2 { // of 3
+		s := open(t, c, fmt.Sprintf("cpu-%d", r))
+		x := s.Full([]int{6}, float64(r))
+		outs = append(outs, s.Apply(codec.Op{Op: "all_reduce", Group: group, Rank: r, Size: 3, TimeoutMS: 500}, x))
+		s.Flush()
+	}
+	for r, o := range outs {
+		if _, err := o.Float32s(ctx); err == nil || !strings.Contains(err.Error(), "waiting for rank") {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	// The devices serve again.
+	s := open(t, c, "cpu-0")
+	expect(t, "after", read(t, s.Full([]int{1}, 1)), 1)
+	// Bad attributes.
+	for _, op := range []codec.Op{
+		{Op: "all_reduce", Group: group, Rank: 3, Size: 3},
+		{Op: "all_reduce", Group: "short", Rank: 0, Size: 1},
+		{Op: "all_reduce", Group: group, Rank: 0, Size: 1, Reduce: "median"},
+		{Op: "all_reduce", Group: group, Rank: 0, Size: 1, Algo: "ring"},
+	} {
+		if _, err := s.Apply(op, s.Full([]int{2}, 1)).Float32s(ctx); err == nil || !strings.Contains(err.Error(), "attr") {
+			t.Errorf("%+v: %v", op, err)
+		}
+	}
+}
+
+func TestGradSync(t *testing.T) {
+	_, c := devices(t, 2)
+	a, b := open(t, c, "cpu-0"), open(t, c, "cpu-1")
+	g, err := client.NewGradSync(2, 2, "mean")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Gradients become ready in different orders on the two ranks.
+	if err := g.Submit(0, 1, a.Full([]int{3}, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Submit(1, 0, b.Full([]int{2}, 10)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.Synced(); err == nil {
+		t.Error("synced before every rank submitted")
+	}
+	if err := g.Submit(1, 1, b.Full([]int{3}, 3)); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Submit(0, 0, a.Full([]int{2}, 20)); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Submit(0, 0, a.Full([]int{2}, 20)); !errors.Is(err, client.ErrInvalidArgument) {
+		t.Errorf("second submit: %v", err)
+	}
+	r, err := g.Synced()
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect(t, "param 0 rank 1", read(t, r[0][1]), 15, 15)
+	expect(t, "param 1 rank 0", read(t, r[1][0]), 2, 2, 2)
+}

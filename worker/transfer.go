@@ -1,0 +1,595 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetfabric/jetfabric/codec"
+	"github.com/jetfabric/jetfabric/kernels"
+	"github.com/jetfabric/jetfabric/objectstore"
+	"github.com/jetfabric/jetfabric/subjects"
+)
+
+// Transfers move tensors between devices through FABRIC_XFER: the source
+// writes the tensor as an object, the target waits for it and reads it.
+// Workers never talk to each other.
+//
+// Each object's reads are counted in FABRIC_CTRL (key xfer.<object>) by
+// reader identity (device, frame sequence, op index), so a bounded number
+// of ops may read it, and an op replayed after a takeover may read it
+// again. A reader deletes an object it read last only after its device's
+// next checkpoint commits: until then a replay may need it again.
+
+const (
+	opExpose        = "expose"
+	opImport        = "import"
+	opAllReduce     = "all_reduce"
+	opAllGather     = "all_gather"
+	opReduceScatter = "reduce_scatter"
+	opBroadcast     = "broadcast"
+
+	defaultTimeout = time.Minute
+	maxGroupSize   = 1024
+)
+
+// readCount is the value of xfer.<object>.
+type readCount struct {
+	Max     int      `json:"max"`
+	Writer  string   `json:"writer"`
+	Readers []string `json:"readers,omitempty"`
+}
+
+// identity names op i of the frame for read counting.
+func (x *exec) identity(i int) string {
+	return x.d.cfg.Name + "/" + strconv.FormatUint(x.seq, 10) + "/" + strconv.Itoa(i)
+}
+
+func (x *exec) timeout(op *codec.Op) time.Duration {
+	if op.TimeoutMS > 0 {
+		return time.Duration(op.TimeoutMS) * time.Millisecond
+	}
+	return defaultTimeout
+}
+
+// publish writes data as object name for reads readers, with the tensor's
+// meta. Writing again from the same op (a replay) is allowed.
+func (x *exec) publish(ctx context.Context, name string, m kernels.Meta, data []byte, reads int, who string) error {
+	w := x.d.w
+	rc, _ := json.Marshal(readCount{Max: reads, Writer: who})
+	if _, err := w.ctrl.Create(ctx, subjects.TransferKey(name), rc); err != nil {
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return failf(codec.CodeUnavailabe, "transfer %s: %v", name, err)
+		}
+		e, gerr := w.ctrl.Get(ctx, subjects.TransferKey(name))
+		var prev readCount
+		if gerr != nil || json.Unmarshal(e.Value(), &prev) != nil || prev.Writer != who {
+			return failf(codec.CodeDuplicate, "transfer %s was already written by another op; transfer ids are never reused", name)
+		}
+	}
+	if _, err := w.xfer.Put(ctx, name, data, map[string]string{"dtype": m.DType.String(), "shape": shapeString(m.Shape)}); err != nil {
+		return failf(codec.CodeUnavailabe, "transfer %s: %v", name, err)
+	}
+	x.io.outObject += uint64(len(data))
+	return nil
+}
+
+// fetch waits for object name, counts this read, checks the tensor meta
+// against want (a nil shape or an Invalid dtype accepts any) and reads it.
+func (x *exec) fetchObject(ctx context.Context, name string, who string, want kernels.Meta) (kernels.Meta, []byte, error) {
+	w := x.d.w
+	info, err := w.xfer.Wait(ctx, name)
+	if err != nil {
+		if ctx.Err() != nil {
+			return kernels.Meta{}, nil, failf(codec.CodeUnavailabe, "%s did not arrive within the timeout (its writer never ran, or ran on a device that is down)", name)
+		}
+		return kernels.Meta{}, nil, failf(codec.CodeUnavailabe, "%s: %v", name, err)
+	}
+	m, err := metaOf(info)
+	if err != nil {
+		return m, nil, failf(codec.CodeUnavailabe, "%s: %v", name, err)
+	}
+	if want.DType != kernels.Invalid && want.DType != m.DType || want.Shape != nil && !slices.Equal(want.Shape, m.Shape) {
+		return m, nil, failf(codec.CodeShape, "%s holds %v %v, the op expects %v %v", name, m.DType, m.Shape, want.DType, want.Shape)
+	}
+	if err := x.countRead(ctx, name, who); err != nil {
+		return m, nil, err
+	}
+	buf := make([]byte, m.Bytes())
+	if _, err := w.xfer.GetInto(ctx, name, buf); err != nil {
+		if errors.Is(err, objectstore.ErrDigest) {
+			return m, nil, failf(codec.CodeUnavailabe, "%s is corrupt: %v", name, err)
+		}
+		return m, nil, failf(codec.CodeUnavailabe, "%s: %v", name, err)
+	}
+	x.io.inObject += uint64(len(buf))
+	return m, buf, nil
+}
+
+// countRead records a read of name by who, refusing reads past the bound.
+func (x *exec) countRead(ctx context.Context, name, who string) error {
+	kv := x.d.w.ctrl
+	for {
+		e, err := kv.Get(ctx, subjects.TransferKey(name))
+		if err != nil {
+			return failf(codec.CodeUnavailabe, "%s: read count: %v", name, err)
+		}
+		var rc readCount
+		if err := json.Unmarshal(e.Value(), &rc); err != nil {
+			return failf(codec.CodeUnavailabe, "%s: read count: %v", name, err)
+		}
+		if slices.Contains(rc.Readers, who) {
+			return nil // this op read it before a takeover
+		}
+		if len(rc.Readers) >= rc.Max {
+			return failf(codec.CodeLimit, "%s was already read %d times, its limit", name, rc.Max)
+		}
+		rc.Readers = append(rc.Readers, who)
+		b, _ := json.Marshal(rc)
+		if _, err := kv.Update(ctx, subjects.TransferKey(name), b, e.Revision()); err == nil {
+			if len(rc.Readers) == rc.Max {
+				x.d.consumed = append(x.d.consumed, name)
+			}
+			return nil
+		} else if !errors.Is(err, jetstream.ErrKeyExists) {
+			return failf(codec.CodeUnavailabe, "%s: read count: %v", name, err)
+		}
+	}
+}
+
+// dropConsumed deletes the objects this device read last, once a
+// checkpoint covers the ops that read them.
+func (d *device) dropConsumed(ctx context.Context) {
+	for _, name := range d.consumed {
+		if err := d.w.xfer.Delete(ctx, name); err != nil && !errors.Is(err, objectstore.ErrNotFound) {
+			d.w.logf("worker: %s: delete %s: %v", d.cfg.Name, name, err)
+		}
+		_ = d.w.ctrl.Delete(ctx, subjects.TransferKey(name))
+	}
+	d.consumed = d.consumed[:0]
+}
+
+func metaOf(info objectstore.Info) (kernels.Meta, error) {
+	dt, err := kernels.ParseDType(info.Meta["dtype"])
+	if err != nil || info.Meta["dtype"] == "" {
+		return kernels.Meta{}, fmt.Errorf("not a tensor (dtype %q)", info.Meta["dtype"])
+	}
+	shape := []int{}
+	if s := info.Meta["shape"]; s != "" {
+		for _, p := range strings.Split(s, ",") {
+			d, err := strconv.Atoi(p)
+			if err != nil || d < 0 {
+				return kernels.Meta{}, fmt.Errorf("shape %q", s)
+			}
+			shape = append(shape, d)
+		}
+	}
+	m := kernels.Meta{DType: dt, Shape: shape}
+	if int64(m.Bytes()) != info.Size {
+		return m, fmt.Errorf("%v %v needs %d bytes, the object holds %d", dt, shape, m.Bytes(), info.Size)
+	}
+	return m, nil
+}
+
+func (x *exec) download(t *kernels.Tensor) ([]byte, error) {
+	buf := make([]byte, t.Bytes())
+	if err := x.d.cfg.Backend.Download(buf, t.Buf); err != nil {
+		return nil, err
+	}
+	return buf, nil
+}
+
+// place makes output id from host bytes.
+func (x *exec) place(id uint64, m kernels.Meta, data []byte) error {
+	t, err := x.alloc(m)
+	if err != nil {
+		return err
+	}
+	if err := x.d.cfg.Backend.Upload(t.Buf, data); err != nil {
+		x.release([]*kernels.Tensor{t})
+		return err
+	}
+	x.s.tensors[id] = entry{t: t}
+	return nil
+}
+
+// expose writes input 0 under the op's transfer id, for op.Reads imports.
+func (x *exec) expose(i int, op *codec.Op) error {
+	if len(op.In) != 1 || len(op.Out) != 0 {
+		return failf(codec.CodeArity, "expose takes 1 tensor and makes none")
+	}
+	if err := subjects.ValidateID(op.Transfer); err != nil {
+		return failf(codec.CodeAttr, "expose: transfer %v", err)
+	}
+	reads := max(op.Reads, 1)
+	t, err := x.input(op.In[0])
+	if err != nil {
+		return err
+	}
+	data, err := x.download(t)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), x.timeout(op))
+	defer cancel()
+	return x.publish(ctx, subjects.TransferObject(op.Transfer), t.Meta, data, reads, x.identity(i))
+}
+
+// importT waits for the op's transfer and places it as output 0.
+func (x *exec) importT(i int, op *codec.Op) error {
+	if err := x.claim(op, 1); err != nil {
+		return err
+	}
+	if len(op.In) != 0 {
+		return failf(codec.CodeArity, "import takes no input tensor")
+	}
+	if err := subjects.ValidateID(op.Transfer); err != nil {
+		return failf(codec.CodeAttr, "import: transfer %v", err)
+	}
+	var want kernels.Meta
+	if op.DType != "" {
+		dt, err := kernels.ParseDType(op.DType)
+		if err != nil {
+			return err
+		}
+		want.DType = dt
+	}
+	want.Shape = op.Shape
+	ctx, cancel := context.WithTimeout(context.Background(), x.timeout(op))
+	defer cancel()
+	m, data, err := x.fetchObject(ctx, subjects.TransferObject(op.Transfer), x.identity(i), want)
+	if err != nil {
+		return err
+	}
+	return x.place(op.Out[0], m, data)
+}
+
+// collective runs this rank's part of a collective op. Pieces travel
+// through the object store; every rank reduces in rank order, so every
+// rank gets the same bits.
+func (x *exec) collective(i int, op *codec.Op) error {
+	if err := x.claim(op, 1); err != nil {
+		return err
+	}
+	if err := subjects.ValidateID(op.Group); err != nil {
+		return failf(codec.CodeAttr, "%s: group %v", op.Op, err)
+	}
+	n, r := op.Size, op.Rank
+	if n < 1 || n > maxGroupSize || r < 0 || r >= n {
+		return failf(codec.CodeAttr, "%s: rank %d of %d (want 0 <= rank < size <= %d)", op.Op, r, n, maxGroupSize)
+	}
+	red := op.Reduce
+	if red == "" {
+		red = "sum"
+	}
+	if !slices.Contains([]string{"sum", "mean", "max", "min"}, red) {
+		return failf(codec.CodeAttr, "%s: reduce %q (want sum, mean, max or min)", op.Op, red)
+	}
+	algo := op.Algo
+	if algo == "" {
+		algo = "scatter"
+	}
+	if algo != "scatter" && algo != "naive" {
+		return failf(codec.CodeAttr, "%s: algo %q (want scatter or naive)", op.Op, algo)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), x.timeout(op))
+	defer cancel()
+	c := coll{x: x, ctx: ctx, group: op.Group, n: n, r: r, who: x.identity(i)}
+
+	if op.Op == opBroadcast {
+		if op.Root < 0 || op.Root >= n {
+			return failf(codec.CodeAttr, "broadcast: root %d of %d", op.Root, n)
+		}
+		if r == op.Root {
+			if len(op.In) != 1 {
+				return failf(codec.CodeArity, "broadcast: the root takes 1 tensor")
+			}
+			t, err := x.input(op.In[0])
+			if err != nil {
+				return err
+			}
+			data, err := x.download(t)
+			if err != nil {
+				return err
+			}
+			if err := c.put("bc", -1, t.Meta, data, n-1); err != nil {
+				return err
+			}
+			return x.place(op.Out[0], t.Meta, data)
+		}
+		if len(op.In) != 0 {
+			return failf(codec.CodeArity, "broadcast: a rank other than the root takes no tensor")
+		}
+		m, data, err := c.get("bc", op.Root, -1, kernels.Meta{})
+		if err != nil {
+			return err
+		}
+		return x.place(op.Out[0], m, data)
+	}
+
+	if len(op.In) != 1 {
+		return failf(codec.CodeArity, "%s takes 1 tensor", op.Op)
+	}
+	t, err := x.input(op.In[0])
+	if err != nil {
+		return err
+	}
+	data, err := x.download(t)
+	if err != nil {
+		return err
+	}
+	m := t.Meta
+	switch op.Op {
+	case opAllGather:
+		if len(m.Shape) == 0 {
+			return failf(codec.CodeShape, "all_gather of a scalar; reshape it to [1]")
+		}
+		if err := c.put("ag", -1, m, data, n-1); err != nil {
+			return err
+		}
+		out := make([]byte, 0, n*len(data))
+		for j := range n {
+			if j == r {
+				out = append(out, data...)
+				continue
+			}
+			_, piece, err := c.get("ag", j, -1, m)
+			if err != nil {
+				return err
+			}
+			out = append(out, piece...)
+		}
+		shape := slices.Clone(m.Shape)
+		shape[0] *= n
+		return x.place(op.Out[0], kernels.Meta{DType: m.DType, Shape: shape}, out)
+	case opReduceScatter:
+		if len(m.Shape) == 0 || m.Shape[0]%n != 0 {
+			return failf(codec.CodeShape, "reduce_scatter: the first dimension of %v must divide by %d ranks", m.Shape, n)
+		}
+		mine, err := c.reduceScatter(m, data, red)
+		if err != nil {
+			return err
+		}
+		shape := slices.Clone(m.Shape)
+		shape[0] /= n
+		return x.place(op.Out[0], kernels.Meta{DType: m.DType, Shape: shape}, mine)
+	}
+	// all_reduce
+	if _, err := reducer(m.DType, red); err != nil {
+		return err
+	}
+	var out []byte
+	if algo == "naive" {
+		out, err = c.naive(m, data, red)
+	} else {
+		out, err = c.scatterGather(m, data, red)
+	}
+	if err != nil {
+		return err
+	}
+	return x.place(op.Out[0], m, out)
+}
+
+// coll is one rank's view of a collective.
+type coll struct {
+	x     *exec
+	ctx   context.Context
+	group string
+	n, r  int
+	who   string
+}
+
+func (c *coll) put(phase string, to int, m kernels.Meta, data []byte, reads int) error {
+	return c.x.publish(c.ctx, subjects.CollectiveObject(c.group, phase, c.r, to), m, data, reads, c.who)
+}
+
+func (c *coll) get(phase string, from, to int, want kernels.Meta) (kernels.Meta, []byte, error) {
+	m, data, err := c.x.fetchObject(c.ctx, subjects.CollectiveObject(c.group, phase, from, to), c.who, want)
+	if err != nil {
+		var oe *opError
+		if errors.As(err, &oe) && oe.code == codec.CodeUnavailabe {
+			oe.msg = fmt.Sprintf("rank %d of group %s, waiting for rank %d: %s", c.r, c.group, from, oe.msg)
+		}
+	}
+	return m, data, err
+}
+
+// bounds splits n elements into c.n slices.
+func (c *coll) bounds(n int) []int {
+	b := make([]int, c.n+1)
+	for j := range b {
+		b[j] = j * n / c.n
+	}
+	return b
+}
+
+// reduceScatter: every rank sends slice j to rank j and reduces its own
+// slice over the ranks, in rank order. It returns this rank's reduced
+// slice (bytes).
+func (c *coll) reduceScatter(m kernels.Meta, data []byte, red string) ([]byte, error) {
+	es := m.DType.Size()
+	b := c.bounds(m.Numel())
+	var wg sync.WaitGroup
+	errs := make([]error, c.n)
+	for j := range c.n {
+		if j != c.r {
+			piece := kernels.Meta{DType: m.DType, Shape: []int{b[j+1] - b[j]}}
+			wg.Go(func() { errs[j] = c.put("rs", j, piece, data[b[j]*es:b[j+1]*es], 1) })
+		}
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	want := kernels.Meta{DType: m.DType, Shape: []int{b[c.r+1] - b[c.r]}}
+	pieces := make([][]byte, c.n)
+	for j := range c.n {
+		if j == c.r {
+			pieces[j] = data[b[j]*es : b[j+1]*es]
+			continue
+		}
+		wg.Go(func() { _, pieces[j], errs[j] = c.get("rs", j, c.r, want) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	f, err := reducer(m.DType, red)
+	if err != nil {
+		return nil, err
+	}
+	acc := slices.Clone(pieces[0])
+	for j := 1; j < c.n; j++ {
+		f(acc, pieces[j])
+	}
+	return acc, nil
+}
+
+// scatterGather is the all_reduce for a broker in the middle: reduce-
+// scatter, then every rank gathers the reduced slices. Each rank writes
+// about one tensor's bytes and reads about two, whatever the rank count.
+func (c *coll) scatterGather(m kernels.Meta, data []byte, red string) ([]byte, error) {
+	mine, err := c.reduceScatter(m, data, red)
+	if err != nil {
+		return nil, err
+	}
+	es := m.DType.Size()
+	b := c.bounds(m.Numel())
+	if err := c.put("ag", -1, kernels.Meta{DType: m.DType, Shape: []int{len(mine) / es}}, mine, c.n-1); err != nil {
+		return nil, err
+	}
+	out := make([]byte, len(data))
+	copy(out[b[c.r]*es:], mine)
+	var wg sync.WaitGroup
+	errs := make([]error, c.n)
+	for j := range c.n {
+		if j == c.r {
+			continue
+		}
+		wg.Go(func() {
+			var piece []byte
+			_, piece, errs[j] = c.get("ag", j, -1, kernels.Meta{DType: m.DType, Shape: []int{b[j+1] - b[j]}})
+			copy(out[b[j]*es:], piece)
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	if red == "mean" {
+		divide(m.DType, out, c.n)
+	}
+	return out, nil
+}
+
+// naive gathers every tensor on rank 0, reduces there, and every other
+// rank fetches the result: rank 0 moves about 2(n-1) tensors.
+func (c *coll) naive(m kernels.Meta, data []byte, red string) ([]byte, error) {
+	if c.r != 0 {
+		if err := c.put("nv", 0, m, data, 1); err != nil {
+			return nil, err
+		}
+		_, out, err := c.get("nvr", 0, -1, m)
+		return out, err
+	}
+	f, err := reducer(m.DType, red)
+	if err != nil {
+		return nil, err
+	}
+	acc := slices.Clone(data)
+	for j := 1; j < c.n; j++ {
+		_, piece, err := c.get("nv", j, 0, m)
+		if err != nil {
+			return nil, err
+		}
+		f(acc, piece)
+	}
+	if red == "mean" {
+		divide(m.DType, acc, c.n)
+	}
+	if err := c.put("nvr", -1, m, acc, c.n-1); err != nil {
+		return nil, err
+	}
+	return acc, nil
+}
+
+// reducer returns acc[i] = acc[i] (op) b[i] over little-endian bytes.
+func reducer(dt kernels.DType, red string) (func(acc, b []byte), error) {
+	switch dt {
+	case kernels.Float32:
+		return reduceFn[float32](red), nil
+	case kernels.Float64:
+		return reduceFn[float64](red), nil
+	case kernels.Int32:
+		return reduceFn[int32](red), nil
+	case kernels.Int64:
+		return reduceFn[int64](red), nil
+	}
+	return nil, fmt.Errorf("%w: collectives reduce f32, f64, i32 and i64, not %v", kernels.ErrDType, dt)
+}
+
+type number interface {
+	~float32 | ~float64 | ~int32 | ~int64
+}
+
+func view[T number](b []byte) []T {
+	var z T
+	if len(b) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*T)(unsafe.Pointer(&b[0])), len(b)/int(unsafe.Sizeof(z)))
+}
+
+func reduceFn[T number](red string) func(acc, b []byte) {
+	return func(accB, bB []byte) {
+		acc, b := view[T](accB), view[T](bB)
+		switch red {
+		case "sum", "mean":
+			for i := range acc {
+				acc[i] += b[i]
+			}
+		case "max":
+			for i := range acc {
+				if b[i] > acc[i] || b[i] != b[i] {
+					acc[i] = b[i]
+				}
+			}
+		case "min":
+			for i := range acc {
+				if b[i] < acc[i] || b[i] != b[i] {
+					acc[i] = b[i]
+				}
+			}
+		}
+	}
+}
+
+func divide(dt kernels.DType, b []byte, n int) {
+	switch dt {
+	case kernels.Float32:
+		for i, v := range view[float32](b) {
+			view[float32](b)[i] = v / float32(n)
+		}
+	case kernels.Float64:
+		for i, v := range view[float64](b) {
+			view[float64](b)[i] = v / float64(n)
+		}
+	case kernels.Int32:
+		for i, v := range view[int32](b) {
+			view[int32](b)[i] = v / int32(n)
+		}
+	case kernels.Int64:
+		for i, v := range view[int64](b) {
+			view[int64](b)[i] = v / int64(n)
+		}
+	}
+}
