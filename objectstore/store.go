@@ -217,6 +217,11 @@ func (s *Store) Wait(ctx context.Context, name string) (Info, error) {
 	if name == "" {
 		return Info{}, fmt.Errorf("%w: empty name", ErrNotFound)
 	}
+	// Most waits find the object already written: a direct get of its
+	// meta answers in one round trip, with no consumer to create.
+	if in, err := s.Stat(ctx, name); err == nil {
+		return in, nil
+	}
 	subj := metaSubject(s.bucket, name)
 	cons, err := s.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{subj},

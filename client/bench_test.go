@@ -1,0 +1,191 @@
+package client_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetfabric/jetfabric/broker"
+	"github.com/jetfabric/jetfabric/broker/brokertest"
+	"github.com/jetfabric/jetfabric/client"
+	"github.com/jetfabric/jetfabric/kernels/cpu"
+	"github.com/jetfabric/jetfabric/worker"
+)
+
+// workers starts a broker and n workers, each serving one CPU device
+// (cpu-0 ... cpu-n-1) over its own connection: the devices' data moves
+// between workers only through the broker.
+func workers(b testing.TB, n int) (*broker.Broker, *client.Client) {
+	b.Helper()
+	br := brokertest.Run(b, func(c *broker.Config) { c.Provision.XferMaxBytes = 20 << 30 })
+	for i := range n {
+		nc, err := nats.Connect(br.ClientURL())
+		if err != nil {
+			b.Fatal(err)
+		}
+		cfg := worker.DefaultConfig()
+		cfg.ID = fmt.Sprintf("w%d", i)
+		cfg.CheckpointInterval = 0
+		cfg.Devices = []worker.Device{{Name: fmt.Sprintf("cpu-%d", i), Kind: "cpu", Backend: cpu.New()}}
+		w, err := worker.New(nc, cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := w.Start(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { w.Stop(context.Background()); nc.Close() })
+	}
+	c, err := client.Connect(br.ClientURL())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close() })
+	return br, c
+}
+
+func brokerBytes(s *server.Server) (in, out int64) {
+	v, _ := s.Varz(nil)
+	return v.InBytes, v.OutBytes
+}
+
+var sizes = []struct {
+	name string
+	n    int
+}{{"1MiB", 1 << 20}, {"64MiB", 64 << 20}, {"256MiB", 256 << 20}, {"1GiB", 1 << 30}}
+
+// BenchmarkTransfer moves a tensor between two workers: from the expose
+// being issued to the import complete. Beside it, in the same run, the raw
+// NATS paths: core pub/sub of 1 MiB messages, and nats.go's object store
+// Put then Get of the same bytes.
+func BenchmarkTransfer(b *testing.B) {
+	br, c := workers(b, 2)
+	ctx := context.Background()
+	for _, sz := range sizes {
+		b.Run("fabric/"+sz.name, func(b *testing.B) {
+			src, dst := open(b, c, "cpu-0"), open(b, c, "cpu-1")
+			x := src.Full([]int{sz.n / 4}, 1.5)
+			if err := src.Sync(ctx); err != nil {
+				b.Fatal(err)
+			}
+			b.SetBytes(int64(sz.n))
+			for b.Loop() {
+				y := x.To(dst)
+				if err := dst.Sync(ctx); err != nil {
+					b.Fatal(err)
+				}
+				y.Free()
+			}
+		})
+		b.Run("nats-object-put-get/"+sz.name, func(b *testing.B) {
+			nc, _ := nats.Connect(br.ClientURL())
+			defer nc.Close()
+			js, _ := jetstream.New(nc)
+			os, err := js.ObjectStore(ctx, "FABRIC_XFER")
+			if err != nil {
+				b.Fatal(err)
+			}
+			data := bytes.Repeat([]byte{7}, sz.n)
+			b.SetBytes(int64(sz.n))
+			i := 0
+			for b.Loop() {
+				name := fmt.Sprintf("raw-%s-%d", sz.name, i)
+				i++
+				if _, err := os.PutBytes(ctx, name, data); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := os.GetBytes(ctx, name); err != nil {
+					b.Fatal(err)
+				}
+				_ = os.Delete(ctx, name)
+			}
+		})
+	}
+	b.Run("nats-core-pubsub-1MiB-msgs", func(b *testing.B) {
+		pub, _ := nats.Connect(br.ClientURL())
+		defer pub.Close()
+		sub, _ := nats.Connect(br.ClientURL())
+		defer sub.Close()
+		const msgs = 256
+		got := make(chan struct{}, 1)
+		n := 0
+		s, _ := sub.Subscribe("bench.raw", func(*nats.Msg) {
+			n++
+			if n%msgs == 0 {
+				got <- struct{}{}
+			}
+		})
+		s.SetPendingLimits(-1, -1)
+		sub.Flush()
+		data := make([]byte, 1<<20)
+		b.SetBytes(msgs << 20)
+		for b.Loop() {
+			for range msgs {
+				if err := pub.Publish("bench.raw", data); err != nil {
+					b.Fatal(err)
+				}
+			}
+			select {
+			case <-got:
+			case <-time.After(time.Minute):
+				b.Fatal("pub/sub stalled")
+			}
+		}
+	})
+}
+
+// BenchmarkAllReduce reduces 64 MiB of f32 over 2 and 4 devices, with the
+// reduce-scatter + all-gather algorithm and with the naive one, and reports
+// the bytes through the broker (its in plus out) per all_reduce.
+func BenchmarkAllReduce(b *testing.B) {
+	for _, n := range []int{2, 4} {
+		br, c := workers(b, n)
+		ctx := context.Background()
+		var xs []*client.Tensor
+		var ss []*client.Session
+		for r := range n {
+			s := open(b, c, fmt.Sprintf("cpu-%d", r))
+			ss = append(ss, s)
+			xs = append(xs, s.Full([]int{16 << 20}, float64(r)))
+		}
+		for _, s := range ss {
+			if err := s.Sync(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+		for _, algo := range []string{"scatter", "naive"} {
+			b.Run(fmt.Sprintf("%d-devices/%s", n, algo), func(b *testing.B) {
+				var opts []client.CollectiveOption
+				if algo == "naive" {
+					opts = append(opts, client.Naive())
+				}
+				in0, out0 := brokerBytes(br.Server())
+				rounds := 0
+				for b.Loop() {
+					out, err := client.AllReduce("sum", xs, opts...)
+					if err != nil {
+						b.Fatal(err)
+					}
+					for _, s := range ss {
+						if err := s.Sync(ctx); err != nil {
+							b.Fatal(err)
+						}
+					}
+					for _, o := range out {
+						o.Free()
+					}
+					rounds++
+				}
+				in1, out1 := brokerBytes(br.Server())
+				b.ReportMetric(float64(in1-in0+out1-out0)/float64(rounds)/(1<<20), "broker-MiB/op")
+				b.ReportMetric(float64(64*n), "tensor-MiB-total")
+			})
+		}
+	}
+}
