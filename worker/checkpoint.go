@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -74,21 +73,31 @@ func (d *device) checkpoint(ctx context.Context) (*checkpointRef, error) {
 	}
 	start := time.Now()
 	man := ckptManifest{V: 1, Device: d.cfg.Name, Seq: seq}
-	var data bytes.Buffer
+	total := 0
+	for _, s := range d.sessions {
+		for _, e := range s.tensors {
+			if e.t != nil {
+				total += e.t.Bytes()
+			}
+		}
+	}
+	// Every tensor is downloaded straight into its place in one buffer.
+	data := make([]byte, total)
+	off := 0
 	b := d.cfg.Backend
 	for _, s := range d.sessions {
-		cs := ckptSession{ID: s.id, Seed: s.seed, Pending: s.pending}
+		cs := ckptSession{ID: s.id, Seed: s.seed, Pending: s.pending, Tensors: make([]ckptTensor, 0, len(s.tensors))}
 		for id, e := range s.tensors {
 			if e.fail != nil {
 				cs.Failed = append(cs.Failed, ckptFailed{ID: id, Err: *e.fail})
 				continue
 			}
-			buf := make([]byte, e.t.Bytes())
-			if err := b.Download(buf, e.t.Buf); err != nil {
+			n := e.t.Bytes()
+			if err := b.Download(data[off:off+n], e.t.Buf); err != nil {
 				return nil, fmt.Errorf("worker: checkpoint %s: download tensor %d: %w", d.cfg.Name, id, err)
 			}
-			cs.Tensors = append(cs.Tensors, ckptTensor{ID: id, DType: uint8(e.t.DType), Shape: e.t.Shape, Offset: int64(data.Len())})
-			data.Write(buf)
+			cs.Tensors = append(cs.Tensors, ckptTensor{ID: id, DType: uint8(e.t.DType), Shape: e.t.Shape, Offset: int64(off)})
+			off += n
 		}
 		man.Sessions = append(man.Sessions, cs)
 	}
@@ -96,11 +105,11 @@ func (d *device) checkpoint(ctx context.Context) (*checkpointRef, error) {
 	if err != nil {
 		return nil, fmt.Errorf("worker: checkpoint %s: manifest: %w", d.cfg.Name, err)
 	}
-	blob := make([]byte, 0, len(ckptMagic)+8+len(mb)+data.Len())
+	blob := make([]byte, 0, len(ckptMagic)+8+len(mb)+len(data))
 	blob = append(blob, ckptMagic...)
 	blob = binary.LittleEndian.AppendUint64(blob, uint64(len(mb)))
 	blob = append(blob, mb...)
-	blob = append(blob, data.Bytes()...)
+	blob = append(blob, data...)
 	name := subjects.CheckpointObject(d.cfg.Name, seq)
 	info, err := d.w.ckpt.Put(ctx, name, blob, map[string]string{"device": d.cfg.Name, "seq": fmt.Sprint(seq)})
 	if err != nil {
@@ -125,7 +134,9 @@ func (d *device) checkpoint(ctx context.Context) (*checkpointRef, error) {
 	}
 	d.ckptSeq, d.ckptObject = seq, name
 	d.dropConsumed(ctx)
-	d.m.checkpoint(time.Since(start), info.Size)
+	took := time.Since(start)
+	d.m.checkpoint(took, info.Size)
+	d.w.logf("worker: %s: checkpoint at sequence %d: %d sessions, %d bytes in %v", d.cfg.Name, seq, len(man.Sessions), info.Size, took.Round(time.Millisecond))
 	return ref, nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"time"
@@ -50,6 +51,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	upload := fs.Int("upload-mib", 64, "size of the upload and read-back in MiB (0 skips)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	echo := fs.String("serve-echo", "", "internal: serve the raw responder on this URL until stopped")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (broker, worker and client in -layout inproc) to this file")
 	ckpt := fs.Duration("checkpoint-interval", 30*time.Second, "the worker's checkpoint interval (0: only on request), to measure what checkpoints cost")
 	scale := fs.String("scale", "", "horizontal scaling instead: the same job sets on these numbers of worker processes, e.g. 1,2,4")
 	var sc scaleConfig
@@ -71,6 +73,17 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return err
 		}
 		return benchScale(ctx, sc, *asJSON, stdout, progress)
+	}
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	url, stop, err := benchFabric(ctx, *layout, *ckpt, progress)
 	if err != nil {
@@ -133,7 +146,7 @@ func benchFabric(ctx context.Context, layout string, ckpt time.Duration, progres
 		}
 		cleanup = append(cleanup, func() { _ = shutdown(b, nil) })
 		url := b.ClientURL()
-		wcfg, _ := wf.config(nil)
+		wcfg, _ := wf.config(logger(os.Stderr, ""))
 		nc, err := nats.Connect(url)
 		if err != nil {
 			stop()

@@ -109,7 +109,7 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			return err
 		}
 	}
-	cfg, err := wf.config(logger(stderr, "worker: "))
+	cfg, err := wf.config(logger(stderr, ""))
 	if err != nil {
 		return err
 	}
@@ -167,7 +167,7 @@ func startFabric(ctx context.Context, bf brokerFlags, wf workerFlags, logw io.Wr
 	if err != nil {
 		return nil, err
 	}
-	wcfg, err := wf.config(logger(logw, "worker: "))
+	wcfg, err := wf.config(logger(logw, ""))
 	if err != nil {
 		return nil, err
 	}
