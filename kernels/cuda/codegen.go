@@ -140,6 +140,44 @@ __device__ __forceinline__ u8 jf_d2bool(double d) { return d != 0.0 ? 1 : 0; }
 __device__ __forceinline__ int jf_div_i32(int a, int b) { return b == 0 ? 0 : (b == -1 ? (int)(0u - (u32)a) : a / b); }
 __device__ __forceinline__ i64 jf_div_i64(i64 a, i64 b) { return b == 0 ? 0 : (b == -1 ? (i64)(0ull - (u64)a) : a / b); }
 __device__ __forceinline__ u8 jf_div_u8(u8 a, u8 b) { return b == 0 ? (u8)0 : (u8)(a / b); }
+// Floored remainders, with the divisor's sign; x mod 0 is 0 for integers.
+__device__ __forceinline__ int jf_mod_i32(int a, int b) {
+	if (b == 0 || b == -1) return 0;
+	int r = a % b;
+	return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+__device__ __forceinline__ i64 jf_mod_i64(i64 a, i64 b) {
+	if (b == 0 || b == -1) return 0;
+	i64 r = a % b;
+	return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+__device__ __forceinline__ u8 jf_mod_u8(u8 a, u8 b) { return b == 0 ? (u8)0 : (u8)(a % b); }
+__device__ __forceinline__ float jf_mod(float a, float b) {
+	float r = fmodf(a, b);
+	return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r;
+}
+__device__ __forceinline__ double jf_mod(double a, double b) {
+	double r = fmod(a, b);
+	return (r != 0.0 && ((r < 0.0) != (b < 0.0))) ? r + b : r;
+}
+// maximum and minimum: NaN if either is NaN.
+__device__ __forceinline__ float jf_maximum(float a, float b) { return a != a ? a : (b != b ? b : (a > b ? a : b)); }
+__device__ __forceinline__ double jf_maximum(double a, double b) { return a != a ? a : (b != b ? b : (a > b ? a : b)); }
+__device__ __forceinline__ float jf_minimum(float a, float b) { return a != a ? a : (b != b ? b : (a < b ? a : b)); }
+__device__ __forceinline__ double jf_minimum(double a, double b) { return a != a ? a : (b != b ? b : (a < b ? a : b)); }
+__device__ __forceinline__ float jf_sigmoid(float x) {
+	if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
+	const float e = expf(x);
+	return e / (1.0f + e);
+}
+__device__ __forceinline__ double jf_sigmoid(double x) {
+	if (x >= 0.0) return 1.0 / (1.0 + exp(-x));
+	const double e = exp(x);
+	return e / (1.0 + e);
+}
+__device__ __forceinline__ double jf_gelu_tanh(double x) {
+	return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
 `
 
 // dtype tables for the generator.
@@ -173,18 +211,6 @@ func cCompute(dt kernels.DType) string {
 		return "i64"
 	}
 	return "u8"
-}
-
-// cAcc is the accumulator type of reduction op over dt: sums of floats
-// accumulate in double, integers in int64, max in the compute type.
-func cAcc(op string, dt kernels.DType) string {
-	switch {
-	case dt.IsFloat() && op == kernels.OpMax:
-		return cCompute(dt)
-	case dt.IsFloat():
-		return "double"
-	}
-	return "i64"
 }
 
 func cLoad(dt kernels.DType, x string) string {
@@ -228,6 +254,11 @@ func cFromDouble(dt kernels.DType, x string) string {
 	return "jf_d2" + dt.String() + "(" + x + ")"
 }
 
+// elementwiseOps are the ops the generator computes pointwise, beyond
+// kernels.Unary and kernels.Binary. Names are spelled out so that the
+// generator is independent of which ops the kernels package lists.
+var elementwiseOps = []string{"cast", "eq", "ne", "lt", "le", "gt", "ge", "isnan", "where", "clamp"}
+
 func isFloat32Class(dt kernels.DType) bool {
 	return dt == kernels.Float32 || dt == kernels.Float16 || dt == kernels.BFloat16
 }
@@ -239,59 +270,112 @@ func opExpr(op string, dt, src kernels.DType, a []string) (string, error) {
 		return castExpr(dt, src, a[0]), nil
 	}
 	var x string
+	switch op {
+	case "eq", "ne", "lt", "le", "gt", "ge":
+		sym := map[string]string{"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}[op]
+		return "(u8)(" + a[0] + " " + sym + " " + a[1] + ")", nil
+	case "isnan":
+		return "(u8)(" + a[0] + " != " + a[0] + ")", nil
+	case "where":
+		return "(" + a[0] + " ? " + a[1] + " : " + a[2] + ")", nil
+	case "softmax", "log_softmax":
+		// The second pass of softmax: a is x, b its slice's logsumexp in
+		// double; a slice holding +Inf is all NaN, as exp(x-max)/sum is.
+		x := "(double)" + a[0] + " - " + a[1]
+		if op == "softmax" {
+			x = "exp(" + x + ")"
+		}
+		return cRound(dt, "("+cCompute(dt)+")("+a[1]+" == "+infOf("double", false)+" ? __longlong_as_double(0x7ff8000000000000ll) : "+x+")"), nil
+	}
+	c := cCompute(dt)
 	switch {
 	case isFloat32Class(dt) || dt == kernels.Float64:
 		f := "f"
-		zero := "0.0f"
 		if dt == kernels.Float64 {
-			f, zero = "", "0.0"
+			f = ""
 		}
+		zero, one := "(("+c+")0)", "(("+c+")1)"
 		switch op {
-		case kernels.OpNeg:
+		case "neg":
 			x = "-" + a[0]
-		case kernels.OpExp, kernels.OpLog, kernels.OpSqrt, kernels.OpTanh:
+		case "exp", "log", "sqrt", "tanh", "expm1", "log1p", "sin", "cos", "erf", "floor", "ceil":
 			x = op + f + "(" + a[0] + ")"
-		case kernels.OpRelu:
+		case "abs":
+			x = "fabs" + f + "(" + a[0] + ")"
+		case "round":
+			x = "rint" + f + "(" + a[0] + ")"
+		case "relu":
 			x = "(" + a[0] + " < " + zero + " ? " + zero + " : " + a[0] + ")"
-		case kernels.OpAdd:
+		case "sign":
+			x = "(" + a[0] + " > " + zero + " ? " + one + " : (" + a[0] + " < " + zero + " ? -" + one + " : " + a[0] + "))"
+		case "rsqrt":
+			x = "(" + c + ")(1.0 / sqrt((double)" + a[0] + "))"
+		case "reciprocal":
+			x = one + " / " + a[0]
+		case "sigmoid":
+			x = "jf_sigmoid(" + a[0] + ")"
+		case "silu":
+			x = a[0] + " * jf_sigmoid(" + a[0] + ")"
+		case "gelu":
+			// x*Phi(x) through erfc, which keeps its precision where
+			// 1+erf cancels; in double, as the reference.
+			x = "(" + c + ")(0.5 * (double)" + a[0] + " * erfc(-(double)" + a[0] + " * " + hexf(1/math.Sqrt2) + "))"
+		case "gelu_tanh":
+			x = "(" + c + ")jf_gelu_tanh((double)" + a[0] + ")"
+		case "add":
 			x = a[0] + " + " + a[1]
-		case kernels.OpSub:
+		case "sub":
 			x = a[0] + " - " + a[1]
-		case kernels.OpMul:
+		case "mul":
 			x = a[0] + " * " + a[1]
-		case kernels.OpDiv:
+		case "div":
 			x = a[0] + " / " + a[1]
+		case "pow":
+			x = "pow" + f + "(" + a[0] + ", " + a[1] + ")"
+		case "maximum", "minimum", "mod":
+			x = "jf_" + op + "(" + a[0] + ", " + a[1] + ")"
+		case "clamp":
+			x = "jf_minimum(jf_maximum(" + a[0] + ", " + a[1] + "), " + a[2] + ")"
 		}
-	case dt == kernels.Int32 || dt == kernels.Int64:
-		t, u := "int", "u32"
-		if dt == kernels.Int64 {
-			t, u = "i64", "u64"
-		}
+	case dt == kernels.Int32 || dt == kernels.Int64 || dt == kernels.Uint8 || dt == kernels.Bool:
+		u := map[kernels.DType]string{kernels.Int32: "u32", kernels.Int64: "u64", kernels.Uint8: "u32", kernels.Bool: "u32"}[dt]
+		wrap := func(e string) string { return "(" + c + ")(" + e + ")" }
 		switch op {
-		case kernels.OpNeg:
-			x = "(" + t + ")((" + u + ")0 - (" + u + ")" + a[0] + ")"
-		case kernels.OpRelu:
-			x = "(" + a[0] + " < 0 ? (" + t + ")0 : " + a[0] + ")"
-		case kernels.OpAdd, kernels.OpSub, kernels.OpMul:
-			sym := map[string]string{kernels.OpAdd: "+", kernels.OpSub: "-", kernels.OpMul: "*"}[op]
-			x = "(" + t + ")((" + u + ")" + a[0] + " " + sym + " (" + u + ")" + a[1] + ")"
-		case kernels.OpDiv:
-			x = "jf_div_" + dt.String() + "(" + a[0] + ", " + a[1] + ")"
+		case "neg":
+			x = wrap("(" + u + ")0 - (" + u + ")" + a[0])
+		case "relu":
+			x = "(" + a[0] + " < 0 ? (" + c + ")0 : " + a[0] + ")"
+		case "abs":
+			x = "(" + a[0] + " < 0 ? " + wrap("("+u+")0 - ("+u+")"+a[0]) + " : " + a[0] + ")"
+		case "sign":
+			x = wrap("(" + a[0] + " > 0) - (" + a[0] + " < 0)")
+		case "not":
+			if dt == kernels.Bool {
+				x = wrap(a[0] + " ^ 1")
+			} else {
+				x = wrap("~" + a[0])
+			}
+		case "add", "sub", "mul":
+			sym := map[string]string{"add": "+", "sub": "-", "mul": "*"}[op]
+			x = wrap("(" + u + ")" + a[0] + " " + sym + " (" + u + ")" + a[1])
+		case "div", "mod":
+			x = "jf_" + op + "_" + dt.String() + "(" + a[0] + ", " + a[1] + ")"
+		case "maximum":
+			x = "(" + a[0] + " > " + a[1] + " ? " + a[0] + " : " + a[1] + ")"
+		case "minimum":
+			x = "(" + a[0] + " < " + a[1] + " ? " + a[0] + " : " + a[1] + ")"
+		case "clamp":
+			lo := "(" + a[0] + " > " + a[1] + " ? " + a[0] + " : " + a[1] + ")"
+			x = "(" + lo + " < " + a[2] + " ? " + lo + " : " + a[2] + ")"
+		case "and":
+			x = wrap(a[0] + " & " + a[1])
+		case "or":
+			x = wrap(a[0] + " | " + a[1])
+		case "xor":
+			x = wrap(a[0] + " ^ " + a[1])
 		}
-	case dt == kernels.Uint8:
-		switch op {
-		case kernels.OpNeg:
-			x = "(u8)(0u - (u32)" + a[0] + ")"
-		case kernels.OpRelu:
-			x = a[0]
-		case kernels.OpAdd:
-			x = "(u8)(" + a[0] + " + " + a[1] + ")"
-		case kernels.OpSub:
-			x = "(u8)(" + a[0] + " - " + a[1] + ")"
-		case kernels.OpMul:
-			x = "(u8)(" + a[0] + " * " + a[1] + ")"
-		case kernels.OpDiv:
-			x = "jf_div_u8(" + a[0] + ", " + a[1] + ")"
+		if dt == kernels.Bool && op != "not" && op != "and" && op != "or" && op != "xor" {
+			x = ""
 		}
 	}
 	if x == "" {
@@ -382,7 +466,9 @@ const warpsPerBlock = blockSize / 32
 
 type redSpec struct {
 	op     string
-	dt     kernels.DType // of the reduced value and the output
+	dt     kernels.DType // of the reduced value
+	out    kernels.DType // of the output
+	corr   int           // var's correction
 	value  int
 	mode   redMode
 	kr, rr int // kept and reduced rank after collapsing
@@ -425,7 +511,7 @@ func (s *ewSpec) key() string {
 	}
 	fmt.Fprintf(&b, "|%v", s.outs)
 	if r := s.red; r != nil {
-		fmt.Fprintf(&b, "|%s:%v:%d:%d:%d:%d", r.op, r.dt, r.value, r.mode, r.kr, r.rr)
+		fmt.Fprintf(&b, "|%s:%v:%v:%d:%d:%d:%d:%d", r.op, r.dt, r.out, r.corr, r.value, r.mode, r.kr, r.rr)
 	}
 	return b.String()
 }
@@ -728,59 +814,184 @@ func (s *ewSpec) stridedKernel(b *strings.Builder) {
 	b.WriteString("\t\t}\n\t}\n}\n")
 }
 
-// Reductions.
+// Reductions. Each keeps an accumulator struct Acc: jf_init makes an
+// empty one, jf_fold adds element y at reduced index r, jf_comb merges
+// two (in any grouping: a split reduction merges per-chunk partials),
+// jf_shfl moves one down a warp, and jf_final gives the stored output.
 
-func redInit(op string, dt kernels.DType) string {
-	if op != kernels.OpMax {
-		return "0"
+// reductionOps are the reductions the generator implements.
+var reductionOps = []string{"sum", "mean", "max", "min", "prod", "argmax", "argmin", "logsumexp", "var"}
+
+// accField is a field of an accumulator struct.
+type accField struct{ typ, name string }
+
+func cSize(c string) int {
+	switch c {
+	case "float", "int", "u32":
+		return 4
+	case "u8":
+		return 1
 	}
-	switch cAcc(op, dt) {
+	return 8
+}
+
+// accFields are the fields of op's accumulator over values of dt.
+func accFields(op string, dt kernels.DType) []accField {
+	v := cAcc(op, dt)
+	switch op {
+	case "argmax", "argmin":
+		return []accField{{v, "v"}, {"i64", "i"}}
+	case "logsumexp":
+		return []accField{{"double", "m"}, {"double", "s"}}
+	case "var":
+		return []accField{{"double", "n"}, {"double", "mean"}, {"double", "m2"}}
+	}
+	return []accField{{v, "v"}}
+}
+
+// accSize is sizeof(Acc), the bytes of one partial.
+func accSize(op string, dt kernels.DType) int {
+	size, align := 0, 1
+	for _, f := range accFields(op, dt) {
+		n := cSize(f.typ)
+		size = (size+n-1)/n*n + n
+		align = max(align, n)
+	}
+	return (size + align - 1) / align * align
+}
+
+// cAcc is the accumulator type of op over dt: sums and products of
+// floats in double, integers in int64, comparisons in the compute type.
+func cAcc(op string, dt kernels.DType) string {
+	switch {
+	case dt.IsFloat() && (op == "max" || op == "min" || op == "argmax" || op == "argmin"):
+		return cCompute(dt)
+	case dt.IsFloat():
+		return "double"
+	}
+	return "i64"
+}
+
+func infOf(c string, neg bool) string {
+	sign := ""
+	if neg {
+		sign = "-"
+	}
+	switch c {
 	case "float":
-		return "-__int_as_float(0x7f800000)"
+		return sign + "__int_as_float(0x7f800000)"
 	case "double":
-		return "-__longlong_as_double(0x7ff0000000000000ll)"
+		return sign + "__longlong_as_double(0x7ff0000000000000ll)"
 	}
-	return "(i64)0x8000000000000000ull"
+	if neg {
+		return "(i64)0x8000000000000000ull"
+	}
+	return "(i64)0x7fffffffffffffffll"
 }
 
-// redCombine folds y into the accumulator variable a.
-func redCombine(op, a, y string) string {
-	if op == kernels.OpMax {
-		// NaN wins, as in a sequential max that compares with >.
-		return fmt.Sprintf("%s = (%s > %s || %s != %s) ? %s : %s;", a, y, a, y, y, y, a)
+// accSource defines Acc and its functions for rd; V is the type of the
+// folded values, R the reduced count (a kernel parameter).
+func accSource(rd *redSpec) string {
+	var b strings.Builder
+	fields := accFields(rd.op, rd.dt)
+	v := cAcc(rd.op, rd.dt)
+	b.WriteString("struct Acc {")
+	for _, f := range fields {
+		fmt.Fprintf(&b, " %s %s;", f.typ, f.name)
 	}
-	return fmt.Sprintf("%s += %s;", a, y)
-}
-
-// redFinal turns an accumulator into the stored output element.
-func redFinal(op string, dt kernels.DType, acc string) string {
-	x := acc
-	if op == kernels.OpMean {
-		switch cAcc(op, dt) {
-		case "float", "double":
-			x = fmt.Sprintf("(%s / (%s)R)", acc, cAcc(op, dt))
-		default:
-			x = fmt.Sprintf("(R == 0 ? (i64)0 : %s / (i64)R)", acc)
+	b.WriteString(" };\n")
+	vt := cCompute(rd.dt)
+	init, fold, comb, final := "", "", "", ""
+	switch rd.op {
+	case "sum", "mean":
+		init = "a.v = 0;"
+		fold = "a.v += (" + v + ")y;"
+		comb = "a.v += b.v;"
+		final = "a.v"
+		if rd.op == "mean" {
+			if v == "double" {
+				final = "(a.v / (double)R)"
+			} else {
+				final = "(R == 0 ? (i64)0 : a.v / (i64)R)"
+			}
 		}
+	case "prod":
+		init = "a.v = 1;"
+		fold = "a.v *= (" + v + ")y;"
+		comb = "a.v *= b.v;"
+		final = "a.v"
+	case "max", "min":
+		// NaN wins.
+		cmp := map[string]string{"max": ">", "min": "<"}[rd.op]
+		init = "a.v = " + infOf(v, rd.op == "max") + ";"
+		fold = fmt.Sprintf("if ((%s)y %s a.v || y != y) a.v = y;", v, cmp)
+		comb = fmt.Sprintf("if (b.v %s a.v || b.v != b.v) a.v = b.v;", cmp)
+		final = "a.v"
+	case "argmax", "argmin":
+		// The first NaN, else the first largest (smallest).
+		cmp := map[string]string{"argmax": ">", "argmin": "<"}[rd.op]
+		fmt.Fprintf(&b, `__device__ __forceinline__ bool jf_better(%[1]s v, i64 i, %[1]s w, i64 j) {
+	if (j < 0) return false;
+	if (i < 0) return true;
+	const bool vn = v != v, wn = w != w;
+	if (vn || wn) return vn && wn ? j < i : wn;
+	return w %[2]s v || (w == v && j < i);
+}
+`, v, cmp)
+		init = "a.v = 0; a.i = -1;"
+		fold = fmt.Sprintf("if (jf_better(a.v, a.i, (%s)y, r)) { a.v = y; a.i = r; }", v)
+		comb = "if (jf_better(a.v, a.i, b.v, b.i)) { a.v = b.v; a.i = b.i; }"
+		final = "a.i"
+	case "logsumexp":
+		// Running maximum and the sum of exp(x - max).
+		init = "a.m = " + infOf("double", true) + "; a.s = 0;"
+		fold = "Acc b; b.m = (double)y; b.s = 1; jf_comb(a, b);"
+		comb = `const double inf = ` + infOf("double", false) + `;
+	const double m = a.m != a.m ? a.m : (b.m != b.m ? b.m : fmax(a.m, b.m));
+	if (m == -inf) { a.m = m; a.s = 0; return; }
+	if (m != m || m == inf) { a.m = m; a.s = 1; return; }
+	a.s = a.s * exp(a.m - m) + b.s * exp(b.m - m);
+	a.m = m;`
+		final = "((a.m != a.m || a.m == " + infOf("double", false) + " || a.m == " + infOf("double", true) + ") ? a.m : a.m + log(a.s))"
+	case "var":
+		// Welford's running mean and sum of squared deviations, merged
+		// with Chan's formula.
+		init = "a.n = 0; a.mean = 0; a.m2 = 0;"
+		fold = "a.n += 1; const double d = (double)y - a.mean; a.mean += d / a.n; a.m2 += d * ((double)y - a.mean);"
+		comb = `if (b.n == 0) return;
+	if (a.n == 0) { a = b; return; }
+	const double n = a.n + b.n, d = b.mean - a.mean;
+	a.mean += d * (b.n / n);
+	a.m2 += b.m2 + d * d * (a.n * b.n / n);
+	a.n = n;`
+		final = fmt.Sprintf("((double)R - %d.0 <= 0.0 ? __longlong_as_double(0x7ff8000000000000ll) : a.m2 / ((double)R - %d.0))", rd.corr, rd.corr)
 	}
-	switch dt {
-	case kernels.Float16, kernels.BFloat16:
-		// As the float32 result the ops compute for these, rounded.
-		return cStoreConv(dt, "(float)("+x+")")
+	fmt.Fprintf(&b, "__device__ __forceinline__ Acc jf_init() { Acc a; %s return a; }\n", init)
+	fmt.Fprintf(&b, "__device__ __forceinline__ void jf_comb(Acc& a, const Acc& b) {\n\t%s\n}\n", comb)
+	fmt.Fprintf(&b, "__device__ __forceinline__ void jf_fold(Acc& a, %s y, i64 r) { %s }\n", vt, fold)
+	b.WriteString("__device__ __forceinline__ Acc jf_shfl(const Acc& a, int off) {\n\tAcc b;\n")
+	for _, f := range fields {
+		fmt.Fprintf(&b, "\tb.%s = __shfl_down_sync(0xffffffffu, a.%s, off);\n", f.name, f.name)
 	}
-	return "(" + cStore(dt) + ")(" + x + ")"
+	b.WriteString("\treturn b;\n}\n")
+	out := cStoreConv(rd.out, "(float)("+final+")")
+	if rd.out != kernels.Float16 && rd.out != kernels.BFloat16 {
+		out = "(" + cStore(rd.out) + ")(" + final + ")"
+	}
+	fmt.Fprintf(&b, "__device__ __forceinline__ %s jf_final(const Acc& a, u64 R) { return %s; }\n", cStore(rd.out), out)
+	return b.String()
 }
 
 // reduceKernel: the domain is split into kept dims (the output index o)
 // and reduced dims (the index r over which the value is folded). Every
 // non-scalar leaf and every elementwise output has strides over both.
 // gridDim.y splits r into chunks; with more than one chunk the kernel
-// writes accumulators to part[chunk][o] and finalKernel folds them.
+// writes accumulators to part[chunk][o] and finalSource merges them.
 func (s *ewSpec) reduceKernel(b *strings.Builder) {
 	rd := s.red
-	acc := cAcc(rd.op, rd.dt)
+	b.WriteString(accSource(rd))
 	p := s.ptrParams()
-	p = append(p, cStore(rd.dt)+"* rout", acc+"* part", "idx_t O", "idx_t R", "idx_t chunk")
+	p = append(p, cStore(rd.out)+"* rout", "Acc* part", "idx_t O", "idx_t R", "idx_t chunk")
 	for d := range rd.kr {
 		p = append(p, fmt.Sprintf("idx_t dk%d", d))
 	}
@@ -788,22 +999,21 @@ func (s *ewSpec) reduceKernel(b *strings.Builder) {
 		p = append(p, fmt.Sprintf("idx_t dr%d", d))
 	}
 	// operands with strides: non-scalar leaves (l<j>) then outputs (w<k>)
-	type operand struct{ name string }
-	var ops []operand
+	var ops []string
 	for j, l := range s.leaves {
 		if l.kind != leafScalar {
-			ops = append(ops, operand{fmt.Sprintf("l%d", j)})
+			ops = append(ops, fmt.Sprintf("l%d", j))
 		}
 	}
 	for k := range s.outs {
-		ops = append(ops, operand{fmt.Sprintf("w%d", k)})
+		ops = append(ops, fmt.Sprintf("w%d", k))
 	}
 	for _, o := range ops {
 		for d := range rd.kr {
-			p = append(p, fmt.Sprintf("idx_t %s_k%d", o.name, d))
+			p = append(p, fmt.Sprintf("idx_t %s_k%d", o, d))
 		}
 		for d := range rd.rr {
-			p = append(p, fmt.Sprintf("idx_t %s_r%d", o.name, d))
+			p = append(p, fmt.Sprintf("idx_t %s_r%d", o, d))
 		}
 	}
 	fmt.Fprintf(b, "extern \"C\" __global__ void __launch_bounds__(%d) %s(%s) {\n", blockSize, kernelName, strings.Join(p, ", "))
@@ -819,7 +1029,7 @@ func (s *ewSpec) reduceKernel(b *strings.Builder) {
 	// base offsets from the kept coordinates
 	b.WriteString("\tidx_t t = o, c;\n")
 	for _, op := range ops {
-		fmt.Fprintf(b, "\tidx_t b_%s = 0;\n", op.name)
+		fmt.Fprintf(b, "\tidx_t b_%s = 0;\n", op)
 	}
 	for d := rd.kr - 1; d >= 0; d-- {
 		if d > 0 {
@@ -828,7 +1038,7 @@ func (s *ewSpec) reduceKernel(b *strings.Builder) {
 			b.WriteString("\tc = t;\n")
 		}
 		for _, op := range ops {
-			fmt.Fprintf(b, "\tb_%s += c * %s_k%d;\n", op.name, op.name, d)
+			fmt.Fprintf(b, "\tb_%s += c * %s_k%d;\n", op, op, d)
 		}
 	}
 	leafVals := make([]string, len(s.leaves))
@@ -841,7 +1051,7 @@ func (s *ewSpec) reduceKernel(b *strings.Builder) {
 		}
 	}
 	b.WriteString("\tconst idx_t r0 = (idx_t)blockIdx.y * chunk;\n\tidx_t r1 = r0 + chunk;\n\tif (r1 > R) r1 = R;\n")
-	fmt.Fprintf(b, "\t%s acc = %s;\n", acc, redInit(rd.op, rd.dt))
+	b.WriteString("\tAcc acc = jf_init();\n")
 	b.WriteString("\t#pragma unroll 4\n")
 	switch rd.mode {
 	case redThreadPerOut:
@@ -853,7 +1063,7 @@ func (s *ewSpec) reduceKernel(b *strings.Builder) {
 	}
 	b.WriteString("\t\tidx_t t = r, c;\n")
 	for _, op := range ops {
-		fmt.Fprintf(b, "\t\tidx_t f_%s = b_%s;\n", op.name, op.name)
+		fmt.Fprintf(b, "\t\tidx_t f_%s = b_%s;\n", op, op)
 	}
 	for d := rd.rr - 1; d >= 0; d-- {
 		if d > 0 {
@@ -862,7 +1072,7 @@ func (s *ewSpec) reduceKernel(b *strings.Builder) {
 			b.WriteString("\t\tc = t;\n")
 		}
 		for _, op := range ops {
-			fmt.Fprintf(b, "\t\tf_%s += c * %s_r%d;\n", op.name, op.name, d)
+			fmt.Fprintf(b, "\t\tf_%s += c * %s_r%d;\n", op, op, d)
 		}
 	}
 	vars := s.outDecls(b, "\t\t")
@@ -871,47 +1081,44 @@ func (s *ewSpec) reduceKernel(b *strings.Builder) {
 	for k, o := range s.outs {
 		fmt.Fprintf(b, "\t\tout%d[f_w%d] = %s;\n", k, k, cStoreConv(s.valDT(o), vars[k]))
 	}
-	fmt.Fprintf(b, "\t\t%s\n\t}\n", redCombine(rd.op, "acc", "("+acc+")rv"))
-	if rd.mode == redWarpPerOut {
-		b.WriteString("\t#pragma unroll\n\tfor (int off = 16; off > 0; off >>= 1) {\n")
-		fmt.Fprintf(b, "\t\tconst %s y = __shfl_down_sync(0xffffffffu, acc, off);\n\t\t%s\n\t}\n", acc, redCombine(rd.op, "acc", "y"))
+	b.WriteString("\t\tjf_fold(acc, rv, (i64)r);\n\t}\n")
+	shfl := "\t#pragma unroll\n\tfor (int off = 16; off > 0; off >>= 1) jf_comb(acc, jf_shfl(acc, off));\n"
+	switch rd.mode {
+	case redWarpPerOut:
+		b.WriteString(shfl)
 		b.WriteString("\tif ((threadIdx.x & 31) != 0) return;\n")
-	}
-	if rd.mode == redBlockPerOut {
-		fmt.Fprintf(b, "\t__shared__ %s sh[32];\n", acc)
+	case redBlockPerOut:
+		b.WriteString("\t__shared__ Acc sh[32];\n")
 		b.WriteString("\tconst int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n")
-		b.WriteString("\t#pragma unroll\n\tfor (int off = 16; off > 0; off >>= 1) {\n")
-		fmt.Fprintf(b, "\t\tconst %s y = __shfl_down_sync(0xffffffffu, acc, off);\n\t\t%s\n\t}\n", acc, redCombine(rd.op, "acc", "y"))
+		b.WriteString(shfl)
 		b.WriteString("\tif (lane == 0) sh[warp] = acc;\n\t__syncthreads();\n\tif (warp != 0) return;\n")
-		fmt.Fprintf(b, "\tacc = lane < (int)(blockDim.x >> 5) ? sh[lane] : (%s)(%s);\n", acc, redInit(rd.op, rd.dt))
-		b.WriteString("\t#pragma unroll\n\tfor (int off = 16; off > 0; off >>= 1) {\n")
-		fmt.Fprintf(b, "\t\tconst %s y = __shfl_down_sync(0xffffffffu, acc, off);\n\t\t%s\n\t}\n", acc, redCombine(rd.op, "acc", "y"))
+		b.WriteString("\tacc = lane < (int)(blockDim.x >> 5) ? sh[lane] : jf_init();\n")
+		b.WriteString(shfl)
 		b.WriteString("\tif (lane != 0) return;\n")
 	}
 	b.WriteString("\tif (gridDim.y > 1) { part[(idx_t)blockIdx.y * O + o] = acc; return; }\n")
-	fmt.Fprintf(b, "\trout[o] = %s;\n}\n", redFinal(rd.op, rd.dt, "acc"))
+	b.WriteString("\trout[o] = jf_final(acc, R);\n}\n")
 }
 
-// finalSource folds the per-chunk accumulators of a split reduction.
-func finalSource(op string, dt kernels.DType, idx64 bool) string {
+// finalSource merges the per-chunk accumulators of a split reduction.
+func finalSource(rd *redSpec, idx64 bool) string {
 	var b strings.Builder
 	b.WriteString(prelude)
 	it := "u32"
 	if idx64 {
 		it = "u64"
 	}
-	acc := cAcc(op, dt)
 	fmt.Fprintf(&b, "typedef %s idx_t;\n", it)
-	fmt.Fprintf(&b, "extern \"C\" __global__ void __launch_bounds__(%d) %s(const %s* __restrict__ part, %s* rout, idx_t O, idx_t P, idx_t R) {\n", blockSize, kernelName, acc, cStore(dt))
+	b.WriteString(accSource(rd))
+	fmt.Fprintf(&b, "extern \"C\" __global__ void __launch_bounds__(%d) %s(const Acc* __restrict__ part, %s* rout, idx_t O, idx_t P, idx_t R) {\n", blockSize, kernelName, cStore(rd.out))
 	fmt.Fprintf(&b, "\tconst idx_t o = (idx_t)blockIdx.x * %d + threadIdx.x;\n\tif (o >= O) return;\n", blockSize)
-	fmt.Fprintf(&b, "\t%s acc = %s;\n", acc, redInit(op, dt))
-	fmt.Fprintf(&b, "\tfor (idx_t p = 0; p < P; p++) {\n\t\tconst %s y = part[p * O + o];\n\t\t%s\n\t}\n", acc, redCombine(op, "acc", "y"))
-	fmt.Fprintf(&b, "\trout[o] = %s;\n}\n", redFinal(op, dt, "acc"))
+	b.WriteString("\tAcc acc = jf_init();\n\tfor (idx_t p = 0; p < P; p++) jf_comb(acc, part[p * O + o]);\n")
+	b.WriteString("\trout[o] = jf_final(acc, R);\n}\n")
 	return b.String()
 }
 
-func finalKey(op string, dt kernels.DType, idx64 bool) string {
-	return fmt.Sprintf("final|%s|%v|%v", op, dt, idx64)
+func finalKey(rd *redSpec, idx64 bool) string {
+	return fmt.Sprintf("final|%s|%v|%v|%d|%v", rd.op, rd.dt, rd.out, rd.corr, idx64)
 }
 
 // Generators: full, arange, uniform, normal. Each thread writes one
@@ -1087,4 +1294,61 @@ func mmStore(dt kernels.DType, s string) string {
 		return cStoreConv(dt, s)
 	}
 	return "(" + cStore(dt) + ")" + s
+}
+
+// Transposes: a permute that swaps the two innermost dims (after
+// collapsing), under any batch of outer dims, through 32x32 tiles in
+// shared memory so that reads and writes are both coalesced. The output
+// is [outer..., R, C] and its element (i, j) is in[base + i + j*R].
+
+type transposeSpec struct {
+	dt    kernels.DType
+	outer int // outer dims, indexed by blockIdx.z
+	idx64 bool
+}
+
+func (t transposeSpec) key() string {
+	return fmt.Sprintf("transpose|%v|%d|%v", t.dt, t.outer, t.idx64)
+}
+
+func (t transposeSpec) source() string {
+	var b strings.Builder
+	b.WriteString(prelude)
+	if t.idx64 {
+		b.WriteString("typedef u64 idx_t;\n")
+	} else {
+		b.WriteString("typedef u32 idx_t;\n")
+	}
+	st := cStore(t.dt)
+	p := []string{"const " + st + "* __restrict__ in", st + "* out", "idx_t R", "idx_t C"}
+	for d := range t.outer {
+		p = append(p, fmt.Sprintf("idx_t d%d", d), fmt.Sprintf("idx_t s%d", d))
+	}
+	fmt.Fprintf(&b, "extern \"C\" __global__ void __launch_bounds__(256) %s(%s) {\n", kernelName, strings.Join(p, ", "))
+	fmt.Fprintf(&b, "\t__shared__ %s tile[32][33];\n", st)
+	b.WriteString("\tidx_t t = blockIdx.z, c, ib = 0;\n")
+	for d := t.outer - 1; d >= 0; d-- {
+		if d > 0 {
+			fmt.Fprintf(&b, "\tc = t %% d%d; t /= d%d; ib += c * s%d;\n", d, d, d)
+		} else {
+			b.WriteString("\tib += t * s0;\n")
+		}
+	}
+	b.WriteString(`	const idx_t ob = (idx_t)blockIdx.z * R * C;
+	const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+	const idx_t i0 = (idx_t)blockIdx.y * 32, j0 = (idx_t)blockIdx.x * 32;
+	#pragma unroll
+	for (int k = 0; k < 32; k += 8) {
+		const idx_t i = i0 + tx, j = j0 + ty + k;
+		if (i < R && j < C) tile[ty + k][tx] = in[ib + j * R + i];
+	}
+	__syncthreads();
+	#pragma unroll
+	for (int k = 0; k < 32; k += 8) {
+		const idx_t i = i0 + ty + k, j = j0 + tx;
+		if (i < R && j < C) out[ob + i * C + j] = tile[tx][ty + k];
+	}
+}
+`)
+	return b.String()
 }

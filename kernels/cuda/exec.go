@@ -117,6 +117,9 @@ func (b *Backend) exec(op *kernels.Op, in, out []*kernels.Tensor) error {
 		}
 		return b.runPlan(p, inB, outB)
 	case name == kernels.OpPermute:
+		if tp := planTranspose(inM[0], op.Perm, want[0]); tp != nil {
+			return b.runTranspose(tp, inB[0], outB[0])
+		}
 		return b.runPlan(planPermute(inM[0], op.Perm, want[0]), inB, outB)
 	case name == kernels.OpReshape:
 		if n := want[0].Bytes(); n > 0 && inB[0].ptr != outB[0].ptr {
@@ -125,6 +128,8 @@ func (b *Backend) exec(op *kernels.Op, in, out []*kernels.Tensor) error {
 		return nil
 	case name == kernels.OpFull || name == kernels.OpArange || name == kernels.OpUniform || name == kernels.OpNormal:
 		return b.generate(op, want[0], outB[0])
+	case name == "softmax" || name == "log_softmax":
+		return b.softmax(op, inM[0], inB[0], outB[0])
 	case name == kernels.OpMatmul:
 		return b.matmul(inM, want[0], inB, outB[0])
 	}
@@ -191,11 +196,7 @@ func (b *Backend) runPlan(p *ewPlan, inB, outB []*buffer) error {
 			return err
 		}
 		if p.P > 1 {
-			accSize := 4
-			if cAcc(p.spec.red.op, p.spec.red.dt) != "float" {
-				accSize = 8
-			}
-			if partB, err = b.alloc(p.O * p.P * accSize); err != nil {
+			if partB, err = b.alloc(p.O * p.P * accSize(p.spec.red.op, p.spec.red.dt)); err != nil {
 				return err
 			}
 			defer b.free(partB)
@@ -209,8 +210,8 @@ func (b *Backend) runPlan(p *ewPlan, inB, outB []*buffer) error {
 	}
 	if partB != nil {
 		rd := p.spec.red
-		ff, err := b.function(finalKey(rd.op, rd.dt, p.spec.idx64), func() (string, error) {
-			return finalSource(rd.op, rd.dt, p.spec.idx64), nil
+		ff, err := b.function(finalKey(rd, p.spec.idx64), func() (string, error) {
+			return finalSource(rd, p.spec.idx64), nil
 		})
 		if err != nil {
 			return err
@@ -231,6 +232,52 @@ func (b *Backend) runPlan(p *ewPlan, inB, outB []*buffer) error {
 		}
 	}
 	return nil
+}
+
+// runTranspose queues a tiled transpose; into its own input it goes
+// through scratch memory.
+func (b *Backend) runTranspose(p *transposePlan, in, out *buffer) error {
+	f, err := b.function(p.spec.key(), func() (string, error) { return p.spec.source(), nil })
+	if err != nil {
+		return err
+	}
+	dst := out
+	if in.ptr == out.ptr {
+		if dst, err = b.alloc(out.n); err != nil {
+			return err
+		}
+		defer b.free(dst)
+	}
+	var a kargs
+	p.args(&a, in.ptr, dst.ptr)
+	if err := launch(f, p.grid, 256, b.stream, &a); err != nil {
+		return err
+	}
+	if dst != out {
+		return memcpyDtoD(out.ptr, dst.ptr, out.n, b.stream)
+	}
+	return nil
+}
+
+// softmax queues softmax or log_softmax over op.Axis: a logsumexp of each
+// slice, kept in float64, then one elementwise pass.
+func (b *Backend) softmax(op *kernels.Op, x kernels.Meta, xb, yb *buffer) error {
+	if x.Numel() == 0 {
+		return nil
+	}
+	rp, ap, lbytes, err := planSoftmax(op, x, b.sms)
+	if err != nil {
+		return err
+	}
+	lb, err := b.alloc(lbytes)
+	if err != nil {
+		return err
+	}
+	defer b.free(lb)
+	if err := b.runPlan(rp, []*buffer{xb}, []*buffer{lb}); err != nil {
+		return err
+	}
+	return b.runPlan(ap, []*buffer{xb, lb}, []*buffer{yb})
 }
 
 // generate queues full, arange, uniform or normal.

@@ -22,10 +22,10 @@ var noLimits = kernels.Limits{}
 const idx32Max = math.MaxInt32 - 1<<20
 
 func isElementwise(name string) bool {
-	return name == kernels.OpCast || slices.Contains(kernels.Unary, name) || slices.Contains(kernels.Binary, name)
+	return slices.Contains(elementwiseOps, name) || slices.Contains(kernels.Unary, name) || slices.Contains(kernels.Binary, name)
 }
 
-func isReduction(name string) bool { return slices.Contains(kernels.Reductions, name) }
+func isReduction(name string) bool { return slices.Contains(reductionOps, name) }
 
 // ewPlan is a planned elementwise or reduction kernel.
 type ewPlan struct {
@@ -143,7 +143,8 @@ func planGroup(g *kernels.FusedGroup, vals []kernels.Meta, sms int) (*ewPlan, er
 		if err != nil {
 			return nil, err
 		}
-		s.red = &redSpec{op: op.Name, dt: vals[red].DType, value: id[g.Ops[red-nin].Args[0]]}
+		arg := g.Ops[red-nin].Args[0]
+		s.red = &redSpec{op: op.Name, dt: vals[arg].DType, out: vals[red].DType, corr: op.Correction, value: id[arg]}
 		p.planReduce(domain, axes, leafStrides, sms)
 		return p, nil
 	}
@@ -568,4 +569,82 @@ func sizeClass(n int) int {
 	}
 	step := 1 << max(bits.Len(uint(n-1))-3, 0)
 	return (n + step - 1) &^ (step - 1)
+}
+
+// transposePlan is a permute run as tiled transposes.
+type transposePlan struct {
+	spec          transposeSpec
+	R, C          int
+	outer, stride []int
+	grid          [3]uint32
+}
+
+// planTranspose returns a tiled plan when the permute, collapsed, swaps
+// the two innermost dims under outer dims that fit gridDim.z; else nil.
+func planTranspose(in kernels.Meta, perm []int, out kernels.Meta) *transposePlan {
+	r := len(in.Shape)
+	inSt := contiguousStrides(in.Shape)
+	st := make([]int, r)
+	for i, q := range perm {
+		if q < 0 {
+			q += r
+		}
+		st[i] = inSt[q]
+	}
+	dims, sts := collapse(out.Shape, [][]int{st})
+	n := len(dims)
+	if n < 2 || sts[0][n-2] != 1 || sts[0][n-1] != dims[n-2] {
+		return nil
+	}
+	R, C := dims[n-2], dims[n-1]
+	z := kernels.Numel(dims[:n-2])
+	if z > 65535 || ceilDiv(R, 32) > 65535 || R < 8 || C < 8 {
+		return nil
+	}
+	return &transposePlan{
+		spec:   transposeSpec{dt: in.DType, outer: n - 2, idx64: out.Numel() > idx32Max},
+		R:      R,
+		C:      C,
+		outer:  dims[:n-2],
+		stride: sts[0][:n-2],
+		grid:   [3]uint32{uint32(ceilDiv(C, 32)), uint32(ceilDiv(R, 32)), uint32(max(z, 1))},
+	}
+}
+
+func (p *transposePlan) args(a *kargs, in, out uint64) {
+	w := p.spec.idx64
+	a.ptr(in)
+	a.ptr(out)
+	a.idx(p.R, w)
+	a.idx(p.C, w)
+	for d := range p.outer {
+		a.idx(p.outer[d], w)
+		a.idx(p.stride[d], w)
+	}
+}
+
+// planSoftmax plans softmax or log_softmax of x over op.Axis as a
+// logsumexp of each slice, in float64 (lbytes of it), and an elementwise
+// pass over x and that.
+func planSoftmax(op *kernels.Op, x kernels.Meta, sms int) (lse, apply *ewPlan, lbytes int, err error) {
+	axis := op.Axis
+	if axis < 0 {
+		axis += len(x.Shape)
+	}
+	lm := kernels.Meta{DType: kernels.Float64, Shape: slices.Clone(x.Shape)}
+	lm.Shape[axis] = 1
+	g := &kernels.FusedGroup{Inputs: 1, Ops: []kernels.FusedOp{{Op: kernels.Op{Name: "logsumexp", Axes: []int{axis}, Keepdims: true}, Args: []int{0}}}, Results: []int{1}}
+	if lse, err = planGroup(g, []kernels.Meta{x, lm}, sms); err != nil {
+		return nil, nil, 0, err
+	}
+	ls, err := broadcastStrides(lm.Shape, x.Shape)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	apply = &ewPlan{redOut: -1, n: x.Numel(), leafIn: []int{0, 1}, outIdx: []int{0}}
+	apply.spec.leaves = []ewLeaf{{dt: x.DType}, {dt: kernels.Float64}}
+	apply.spec.nodes = []ewNode{{op: op.Name, dt: x.DType, args: []int{0, 1}}}
+	apply.spec.outs = []int{2}
+	apply.planElementwise(x.Shape, [][]int{contiguousStrides(x.Shape), ls})
+	return lse, apply, lm.Bytes(), nil
 }

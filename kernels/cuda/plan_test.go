@@ -160,3 +160,18 @@ func TestSizeClass(t *testing.T) {
 		}
 	}
 }
+
+func TestPlanTranspose(t *testing.T) {
+	m := func(s ...int) kernels.Meta { return kernels.Meta{DType: kernels.Float32, Shape: s} }
+	p := planTranspose(m(200, 300), []int{1, 0}, m(300, 200))
+	if p == nil || p.R != 300 || p.C != 200 || len(p.outer) != 0 {
+		t.Fatalf("2D: %+v", p)
+	}
+	p = planTranspose(m(4, 50, 60), []int{0, 2, 1}, m(4, 60, 50))
+	if p == nil || p.R != 60 || p.C != 50 || !slices.Equal(p.outer, []int{4}) || !slices.Equal(p.stride, []int{3000}) {
+		t.Fatalf("batched: %+v", p)
+	}
+	if p := planTranspose(m(4, 50, 60, 3), []int{0, 3, 2, 1}, m(4, 3, 60, 50)); p != nil {
+		t.Fatalf("not a transpose of the inner dims: %+v", p)
+	}
+}
