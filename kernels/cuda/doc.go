@@ -16,10 +16,14 @@
 // Kernels are CUDA C generated as Go strings and compiled at run time by
 // NVRTC for the device's compute capability; the images are cached by the
 // SHA-256 of source and options, in memory and on disk (see WithCacheDir).
-// Elementwise ops, casts and permutes share one generator, which also
-// fuses chains of elementwise ops, optionally ending in a reduction, into
-// one kernel (ExecFused): intermediates that no output names are never
-// stored. Matrix products run on cuBLAS (float32, optionally TF32, float16
+// One generator serves every elementwise op (unary, binary with
+// broadcasting, comparisons, where, clamp, cast), permutes, and the
+// reductions (sum, mean, max, min, prod, argmax, argmin, logsumexp, var,
+// and through them softmax); it also fuses chains of elementwise ops,
+// optionally ending in a reduction, into one kernel (ExecFused on a
+// kernels.FusedGroup): intermediates that no output names are never
+// stored. Permutes that swap the two innermost dims use shared-memory
+// tiles. Matrix products run on cuBLAS (float32, optionally TF32, float16
 // and bfloat16 with float32 accumulation, float64), with a generated
 // kernel for the integer types. Device memory comes from a caching
 // allocator with size classes; host transfers go through pinned staging
