@@ -17,6 +17,10 @@ var (
 	ErrAttr = errors.New("kernels: invalid attribute")
 	// ErrTooLarge: a tensor exceeds a configured limit.
 	ErrTooLarge = errors.New("kernels: tensor too large")
+	// ErrIndex: an index tensor holds a value outside the axis it indexes
+	// (gather, scatter_add, index_select, one_hot). Backends find it while
+	// running, so it comes from Exec; the error also wraps ErrShape.
+	ErrIndex = errors.New("kernels: index out of range")
 	// ErrNotImplemented: the backend cannot run this op; callers may fall back.
 	ErrNotImplemented = errors.New("kernels: not implemented by this backend")
 	// ErrOutOfMemory: the backend could not allocate.

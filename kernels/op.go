@@ -10,24 +10,51 @@ import (
 type Op struct {
 	Name string
 
-	Shape    []int // full, zeros, ones, reshape, uniform, normal
-	Axes     []int // reductions (empty means all axes)
+	Shape    []int // full, zeros, ones, reshape, uniform, normal, bernoulli, expand
+	Axes     []int // reductions (empty means all axes), flip, squeeze, unsqueeze, layer_norm, rms_norm
 	Keepdims bool  // reductions
 	Perm     []int // permute
-	DType    DType // cast, full, arange, uniform, normal (Invalid means Float32)
+	DType    DType // cast and the creation ops, one_hot (Invalid means Float32)
 
-	Value             float64 // full
-	Start, Stop, Step float64 // arange
+	Value             float64 // full, pad
+	Start, Stop, Step float64 // arange; Start and Stop also linspace
 	Low, High         float64 // uniform
 	Mean, Std         float64 // normal
 
-	// Axis is the axis softmax and log_softmax normalise over; negative
-	// values count from the end, so -1 is the last axis.
+	// Axis is the axis softmax and log_softmax normalise over, and the axis
+	// of concat, stack, split, gather, scatter_add and index_select;
+	// negative values count from the end, so -1 is the last axis.
 	Axis int
 	// Correction is subtracted from the element count in var's divisor:
 	// 0 gives the population variance, 1 the sample variance. It may not
 	// be negative.
 	Correction int
+
+	// Starts, Ends and Steps are slice's per-axis bounds and strides, as in
+	// Python's basic slicing: negative values count from the end, bounds are
+	// clamped to the axis, and axes past the end of a list take their
+	// defaults (start 0, end the axis length and step 1; with a negative
+	// step, start at the last element and end before the first). A step may
+	// not be 0.
+	Starts, Ends, Steps []int
+	// Pads is pad's widths, one pair per axis: before0, after0, before1,
+	// after1, ... Pad writes Value in the new elements.
+	Pads []int
+	// Sizes is split's output sizes along Axis; they sum to its length.
+	Sizes []int
+	// K is the diagonal offset of tril, triu and eye: 0 is the main
+	// diagonal, positive above it, negative below.
+	K int
+	// Depth is one_hot's number of classes.
+	Depth int
+	// Eps is added to the variance of layer_norm and rms_norm.
+	Eps float64
+	// P is bernoulli's probability of a 1.
+	P float64
+	// Num is linspace's number of points.
+	Num int
+	// N and M are eye's rows and columns; M = 0 means N.
+	N, M int
 
 	// Seed and Key key the random generator: the session seed and the id of
 	// the op's output tensor. See Random.

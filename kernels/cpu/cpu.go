@@ -113,7 +113,7 @@ func host(buf kernels.Buffer) ([]byte, error) {
 type execFn func(b *Backend, op *kernels.Op, in, out []*kernels.Tensor) error
 
 type entry struct {
-	nin, nout int
+	nin, nout int // -1: any number, checked by the op against kernels.Infer
 	fn        execFn
 }
 
@@ -126,11 +126,20 @@ func def(fn execFn, nin int, names ...string) {
 	}
 }
 
+// defVar registers ops whose input or output counts vary (-1); their
+// functions check every count and meta against kernels.Infer.
+func defVar(fn execFn, nin, nout int, names ...string) {
+	for _, n := range names {
+		table[n] = entry{nin, nout, fn}
+	}
+}
+
 // Exec runs op. Inputs and outputs must be contiguous tensors in buffers of
 // this backend, with the metas kernels.Infer gives; Exec checks that they fit
 // (arity, dtypes, shapes, buffer sizes) and returns an error wrapping
 // kernels.ErrArity, ErrShape, ErrDType, ErrAttr or ErrForeignBuffer if not,
-// and kernels.ErrUnknownOp for an op outside the set. An output may share its
+// kernels.ErrIndex for an index input out of range, and
+// kernels.ErrUnknownOp for an op outside the set. An output may share its
 // buffer with an input.
 func (b *Backend) Exec(op *kernels.Op, in, out []*kernels.Tensor) (err error) {
 	if op == nil {
@@ -143,7 +152,7 @@ func (b *Backend) Exec(op *kernels.Op, in, out []*kernels.Tensor) (err error) {
 		}
 		return fmt.Errorf("%w %q", kernels.ErrUnknownOp, op.Name)
 	}
-	if len(in) != e.nin || len(out) != e.nout {
+	if (e.nin >= 0 && len(in) != e.nin) || (e.nout >= 0 && len(out) != e.nout) {
 		return fmt.Errorf("%w: cpu: %s takes %d inputs and %d outputs, got %d and %d",
 			kernels.ErrArity, op.Name, e.nin, e.nout, len(in), len(out))
 	}
