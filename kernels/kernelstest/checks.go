@@ -152,6 +152,7 @@ func testExecErrors(s *suite) {
 			s.t.Errorf("%s: Exec(%s) = %v, want an error wrapping %v", c.name, opString(&c.op), err, c.want)
 		}
 	}
+	movementExecErrors(s)
 }
 
 // safeExec runs Exec, recovering a panic.
