@@ -49,6 +49,31 @@ type Op struct {
 	Std   float64 `cbor:"std,omitempty" json:"std,omitempty"`
 	Seed  uint64  `cbor:"seed,omitempty" json:"seed,omitempty"`
 
+	// Starts, Ends and Steps are slice's per-axis bounds and strides
+	// (Python slicing: negative values count from the end, bounds clamp,
+	// missing trailing axes are taken whole).
+	Starts []int `cbor:"starts,omitempty" json:"starts,omitempty"`
+	Ends   []int `cbor:"ends,omitempty" json:"ends,omitempty"`
+	Steps  []int `cbor:"steps,omitempty" json:"steps,omitempty"`
+	// Pads is pad's widths: before and after, for each axis in turn.
+	Pads []int `cbor:"pads,omitempty" json:"pads,omitempty"`
+	// Sizes is split's output sizes along axis.
+	Sizes []int `cbor:"sizes,omitempty" json:"sizes,omitempty"`
+	// K is the diagonal of tril, triu and eye (0: the main one).
+	K int `cbor:"k,omitempty" json:"k,omitempty"`
+	// Depth is one_hot's number of classes.
+	Depth int `cbor:"depth,omitempty" json:"depth,omitempty"`
+	// Eps is added to the variance by layer_norm and rms_norm (absent or
+	// 0: 1e-5).
+	Eps float64 `cbor:"eps,omitempty" json:"eps,omitempty"`
+	// P is bernoulli's probability of a 1.
+	P float64 `cbor:"p,omitempty" json:"p,omitempty"`
+	// Num is linspace's number of points.
+	Num int `cbor:"num,omitempty" json:"num,omitempty"`
+	// N and M are eye's rows and columns (M absent: N).
+	N int `cbor:"n,omitempty" json:"n,omitempty"`
+	M int `cbor:"m,omitempty" json:"m,omitempty"`
+
 	// Data is an upload's bytes: contiguous, row-major, little-endian.
 	Data []byte `cbor:"data,omitempty" json:"data,omitempty"`
 	// Values is an upload's elements as numbers, for clients that cannot

@@ -257,6 +257,8 @@ func kernelOp(op *codec.Op) (*kernels.Op, error) {
 		Axis: op.Axis, Correction: op.Correction,
 		Value: op.Value, Start: op.Start, Stop: op.Stop, Step: op.Step,
 		Low: op.Low, High: op.High, Mean: op.Mean, Std: op.Std,
+		Starts: op.Starts, Ends: op.Ends, Steps: op.Steps, Pads: op.Pads, Sizes: op.Sizes,
+		K: op.K, Depth: op.Depth, Eps: op.Eps, P: op.P, Num: op.Num, N: op.N, M: op.M,
 	}
 	if op.DType != "" {
 		dt, err := kernels.ParseDType(op.DType)
@@ -277,6 +279,10 @@ func kernelOp(op *codec.Op) (*kernels.Op, error) {
 	case kernels.OpNormal:
 		if k.Std == 0 && k.Mean == 0 {
 			k.Std = 1
+		}
+	case kernels.OpLayerNorm, kernels.OpRMSNorm:
+		if k.Eps == 0 {
+			k.Eps = 1e-5
 		}
 	}
 	return k, nil
