@@ -300,6 +300,25 @@ func (s *Session) Apply(op codec.Op, in ...*Tensor) *Tensor {
 	return s.enqueue(op, 1, in...)
 }
 
+// ApplyN is Apply for ops with n outputs, such as split: it mints n
+// output ids and returns their tensors in order.
+func (s *Session) ApplyN(op codec.Op, n int, in ...*Tensor) []*Tensor {
+	op.In, op.Out = nil, nil
+	if n < 1 {
+		s.fail(fmt.Errorf("%w: %s with %d outputs", ErrInvalidArgument, op.Op, n))
+		return nil
+	}
+	first := s.enqueue(op, n, in...)
+	out := make([]*Tensor, n)
+	for i := range out {
+		out[i] = &Tensor{s: s}
+		if first.id != 0 {
+			out[i].id = first.id + uint64(i)
+		}
+	}
+	return out
+}
+
 // Upload sends raw little-endian bytes of dtype with shape. Tensors over
 // the inline limit travel through the object store, named by their SHA-256
 // so the same bytes are stored once.
