@@ -3,6 +3,7 @@ module github.com/jetfabric/jetfabric
 go 1.26.0
 
 require (
+	github.com/NVIDIA/go-nvml v0.12.9-0
 	github.com/fxamacker/cbor/v2 v2.9.6
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0
@@ -11,6 +12,7 @@ require (
 require (
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
 	github.com/google/go-tpm v0.9.8 // indirect
+	github.com/google/uuid v1.6.0 // indirect
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/minio/highwayhash v1.0.4 // indirect
 	github.com/nats-io/jwt/v2 v2.8.2 // indirect

@@ -197,6 +197,24 @@ type Device struct {
 	Lag    uint64 `cbor:"lag,omitempty" json:"lag,omitempty"`
 }
 
+// Telemetry is a GPU's state as its worker samples it (NVML), published as
+// JSON on fabric.telemetry.<device> every few seconds. Fields NVML cannot
+// give are left zero.
+type Telemetry struct {
+	Device string    `cbor:"device" json:"device"`
+	Time   time.Time `cbor:"time" json:"time"`
+	// Util is the percent of the last sample period a kernel ran;
+	// MemUtil the percent that device memory was read or written.
+	Util    int `cbor:"util" json:"util"`
+	MemUtil int `cbor:"mem_util" json:"mem_util"`
+	// MemUsed and MemTotal are device memory in bytes.
+	MemUsed  int64 `cbor:"mem_used" json:"mem_used"`
+	MemTotal int64 `cbor:"mem_total" json:"mem_total"`
+	// TempC is the GPU temperature in degrees Celsius, PowerW its draw in watts.
+	TempC  int     `cbor:"temp_c" json:"temp_c"`
+	PowerW float64 `cbor:"power_w" json:"power_w"`
+}
+
 // Job is a stateless op program for any worker of a device kind: it runs in
 // a fresh session of its own, reads its inputs from uploads (inline or by
 // object reference) and names the tensors to keep as Outputs. Jobs travel

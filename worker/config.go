@@ -6,6 +6,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/jetfabric/jetfabric/codec"
 	"github.com/jetfabric/jetfabric/kernels"
 	"github.com/jetfabric/jetfabric/subjects"
 )
@@ -52,6 +53,10 @@ type Device struct {
 	Memory int64
 	// Cores is the number of cores, if it is a CPU.
 	Cores int
+	// Telemetry samples the device (NVML for a GPU); nil: none. The
+	// worker publishes each sample as JSON on fabric.telemetry.<device>
+	// every Config.TelemetryInterval.
+	Telemetry func() (codec.Telemetry, error)
 }
 
 // Config is a worker's assembled configuration.
@@ -79,6 +84,9 @@ type Config struct {
 	// the checkpoint bucket, if frames ran since the last one (0: only on
 	// request and at a clean stop). Replay after a takeover starts there.
 	CheckpointInterval time.Duration
+	// TelemetryInterval is how often devices with a Telemetry source are
+	// sampled and published (0: never).
+	TelemetryInterval time.Duration
 	// Logf receives operational messages (nil: none).
 	Logf func(format string, args ...any)
 }
@@ -94,6 +102,7 @@ func DefaultConfig() Config {
 		Heartbeat:          2 * time.Second,
 		LeaseTTL:           time.Second,
 		CheckpointInterval: 30 * time.Second,
+		TelemetryInterval:  2 * time.Second,
 	}
 }
 
@@ -135,6 +144,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: lease TTL %v is under 100ms", ErrInvalidConfig, c.LeaseTTL)
 	case c.CheckpointInterval < 0:
 		return fmt.Errorf("%w: checkpoint interval %v", ErrInvalidConfig, c.CheckpointInterval)
+	case c.TelemetryInterval < 0:
+		return fmt.Errorf("%w: telemetry interval %v", ErrInvalidConfig, c.TelemetryInterval)
 	case c.IdleTimeout < 0:
 		return fmt.Errorf("%w: idle timeout %v", ErrInvalidConfig, c.IdleTimeout)
 	case c.Limits.MaxSessions <= 0 || c.Limits.MaxSessionBytes <= 0 || c.Limits.InlineBytes <= 0:

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -102,6 +103,9 @@ func (w *Worker) Start(ctx context.Context) error {
 		w.wg.Go(l.run)
 	}
 	w.wg.Go(w.heartbeat)
+	if w.cfg.TelemetryInterval > 0 && slices.ContainsFunc(w.devices, func(d *device) bool { return d.cfg.Telemetry != nil }) {
+		w.wg.Go(w.telemetry)
+	}
 	if err := w.startService(); err != nil {
 		w.Stop(context.Background())
 		return err
@@ -190,6 +194,43 @@ func (w *Worker) heartbeat() {
 				w.logf("worker: heartbeat %s: %v", d.cfg.Name, err)
 			}
 			cancel()
+		}
+		select {
+		case <-w.stop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// telemetry samples every device that has a source and publishes the
+// samples, until Stop. A device whose sampling fails is reported once,
+// until it succeeds again.
+func (w *Worker) telemetry() {
+	t := time.NewTicker(w.cfg.TelemetryInterval)
+	defer t.Stop()
+	failing := make([]bool, len(w.devices))
+	for {
+		for i, d := range w.devices {
+			if d.cfg.Telemetry == nil || !d.serving() {
+				continue
+			}
+			s, err := d.cfg.Telemetry()
+			if err != nil && !failing[i] {
+				w.logf("worker: %s: telemetry: %v", d.cfg.Name, err)
+			}
+			failing[i] = err != nil
+			s.Device = d.cfg.Name
+			if s.Time.IsZero() {
+				s.Time = time.Now().UTC()
+			}
+			b, err := json.Marshal(s)
+			if err == nil {
+				err = w.nc.Publish(w.names.Telemetry(d.cfg.Name), b)
+			}
+			if err != nil {
+				w.logf("worker: %s: publish telemetry: %v", d.cfg.Name, err)
+			}
 		}
 		select {
 		case <-w.stop:
