@@ -107,6 +107,8 @@ type workerFlags struct {
 	checkpoint time.Duration // 0: the worker default; negative: only on request
 	jobs       string
 	jobAckWait time.Duration
+	gpus       string // all, N or none; "" (a literal workerFlags) is none
+	tf32       bool
 }
 
 func (f *workerFlags) register(fs *flag.FlagSet) {
@@ -114,6 +116,8 @@ func (f *workerFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.devices, "devices", "", "comma-separated device names to serve, e.g. cpu-0,cpu-1")
 	fs.DurationVar(&f.idle, "idle-timeout", 10*time.Minute, "free a session idle this long (0: never)")
 	fs.StringVar(&f.id, "id", "", "worker id in the registry (default host-pid)")
+	fs.StringVar(&f.gpus, "gpus", "all", "NVIDIA GPUs to serve as gpu-0 ...: all (those found; none without a driver), N (the first N) or none")
+	fs.BoolVar(&f.tf32, "tf32", false, "let float32 matmuls on GPUs use TF32 tensor cores (faster, about 1e-3 relative error)")
 	fs.StringVar(&f.jobs, "jobs", "", "also take jobs of this device kind from the jobs stream (cpu); with -cpus 0, only jobs")
 	fs.DurationVar(&f.jobAckWait, "job-ack-wait", 10*time.Second, "a job unacknowledged this long (its worker died) goes to another worker")
 	fs.DurationVar(&f.leaseTTL, "lease-ttl", time.Second, "device lease TTL: a standby takes a device over this long after its worker stops renewing")
@@ -153,8 +157,8 @@ func (f *workerFlags) config(logf func(string, ...any)) (worker.Config, error) {
 	if f.devices != "" {
 		names = strings.Split(f.devices, ",")
 	} else {
-		if f.cpus < 0 || f.cpus == 0 && f.jobs == "" {
-			return cfg, fmt.Errorf("-cpus %d: want at least 1 (or 0 with -jobs)", f.cpus)
+		if f.cpus < 0 || f.cpus == 0 && f.jobs == "" && !f.wantGPUs() {
+			return cfg, fmt.Errorf("-cpus %d: want at least 1 (or 0 with -jobs or -gpus)", f.cpus)
 		}
 		for i := range f.cpus {
 			names = append(names, fmt.Sprintf("cpu-%d", i))
@@ -169,6 +173,12 @@ func (f *workerFlags) config(logf func(string, ...any)) (worker.Config, error) {
 		cfg.Jobs = []worker.Jobs{{Kind: "cpu", Backend: cpu.New(), AckWait: f.jobAckWait}}
 	default:
 		return cfg, fmt.Errorf("-jobs %q: this worker runs cpu jobs", f.jobs)
+	}
+	if _, err := f.gpuCount(); err != nil {
+		return cfg, err
+	}
+	if len(cfg.Devices) == 0 && len(cfg.Jobs) == 0 && f.wantGPUs() {
+		return cfg, nil // withGPUs adds the devices and validates
 	}
 	return cfg, cfg.Validate()
 }

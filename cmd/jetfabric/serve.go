@@ -109,10 +109,16 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			return err
 		}
 	}
-	cfg, err := wf.config(logger(stderr, ""))
+	logf := logger(stderr, "")
+	cfg, err := wf.config(logf)
 	if err != nil {
 		return err
 	}
+	cfg, closeGPUs, err := wf.withGPUs(cfg, logf)
+	if err != nil {
+		return err
+	}
+	defer closeGPUs()
 	w, err := newWorker(ctx, nc, cfg)
 	if err != nil {
 		return err
@@ -157,9 +163,10 @@ func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 // fabric is a broker and a worker in this process.
 type fabric struct {
-	b  *broker.Broker
-	nc *nats.Conn
-	w  *worker.Worker
+	b         *broker.Broker
+	nc        *nats.Conn
+	w         *worker.Worker
+	closeGPUs func()
 }
 
 func startFabric(ctx context.Context, bf brokerFlags, wf workerFlags, logw io.Writer) (*fabric, error) {
@@ -167,12 +174,18 @@ func startFabric(ctx context.Context, bf brokerFlags, wf workerFlags, logw io.Wr
 	if err != nil {
 		return nil, err
 	}
-	wcfg, err := wf.config(logger(logw, ""))
+	logf := logger(logw, "")
+	wcfg, err := wf.config(logf)
+	if err != nil {
+		return nil, err
+	}
+	wcfg, closeGPUs, err := wf.withGPUs(wcfg, logf)
 	if err != nil {
 		return nil, err
 	}
 	b, err := startBroker(ctx, bcfg)
 	if err != nil {
+		closeGPUs()
 		return nil, err
 	}
 	nc, err := b.Connect(nats.Name("jetfabric-worker " + wcfg.ID))
@@ -184,15 +197,17 @@ func startFabric(ctx context.Context, bf brokerFlags, wf workerFlags, logw io.Wr
 	if err != nil {
 		nc.Close()
 		_ = shutdown(b, nil)
+		closeGPUs()
 		return nil, err
 	}
-	return &fabric{b: b, nc: nc, w: w}, nil
+	return &fabric{b: b, nc: nc, w: w, closeGPUs: closeGPUs}, nil
 }
 
 func (f *fabric) close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	err := f.w.Stop(ctx)
+	f.closeGPUs()
 	f.nc.Close()
 	if e := f.b.Shutdown(ctx); err == nil {
 		err = e
