@@ -86,6 +86,12 @@ bench:
 	$(GO) test -run x -bench . -benchtime 2s ./kernels/cpu ./codec
 	$(GO) run ./cmd/jetfabric bench
 
+## lint: vet (both cgo settings), staticcheck, and no fmt.Print outside tests (output goes to an io.Writer)
+lint: vet
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+	@bad=$$(git grep -n -E 'fmt\.Print(f|ln)?\(' -- '*.go' ':!*_test.go' ':!bench/' ':!tools/'); \
+	if [ -n "$$bad" ]; then echo "fmt.Print in library or command code:"; echo "$$bad"; exit 1; fi
+
 tidy:
 	$(GO) mod tidy
 	git diff --exit-code go.mod go.sum

@@ -81,7 +81,6 @@ func view[T any](b []byte, n int) []T {
 // scratch pools, to keep temporaries off the heap in steady state.
 var (
 	f64Pool  = sync.Pool{New: func() any { return new([]float64) }}
-	i64Pool  = sync.Pool{New: func() any { return new([]int64) }}
 	wordPool = sync.Pool{New: func() any { return new([]uint64) }}
 )
 
@@ -89,15 +88,6 @@ func getF64(n int) *[]float64 {
 	p := f64Pool.Get().(*[]float64)
 	if cap(*p) < n {
 		*p = make([]float64, n)
-	}
-	*p = (*p)[:n]
-	return p
-}
-
-func getI64(n int) *[]int64 {
-	p := i64Pool.Get().(*[]int64)
-	if cap(*p) < n {
-		*p = make([]int64, n)
 	}
 	*p = (*p)[:n]
 	return p

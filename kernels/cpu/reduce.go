@@ -258,10 +258,7 @@ func reduceInt[T integer](rd red, p *redPlan, x, y []T, yi []int64) {
 // rowsFloat reduces the k rows of length r of x.
 func rowsFloat[T float](rd red, corr float64, x, y []T, yi []int64, k, r int) {
 	if r == 1 && rd.columns() { // nothing to reduce
-		x = x[:len(y)]
-		for i, v := range x {
-			y[i] = v
-		}
+		copy(y, x[:len(y)])
 		return
 	}
 	if w := split(k, r*rd.cost()); w > 1 && k >= w {

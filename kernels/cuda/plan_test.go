@@ -7,8 +7,6 @@ import (
 	"github.com/jetfabric/jetfabric/kernels"
 )
 
-func isBinary(name string) bool { return slices.Contains(kernels.Binary, name) }
-
 // planOne plans a single elementwise op or reduction as a group of one.
 func planOne(op *kernels.Op, in []kernels.Meta) (*ewPlan, error) {
 	out, err := kernels.Infer(op, in, noLimits)
