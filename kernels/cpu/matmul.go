@@ -100,7 +100,7 @@ func execMatmul(b *Backend, op *kernels.Op, in, out []*kernels.Tensor) error {
 	}
 	switch x.DType {
 	case kernels.Float32:
-		matmulFloat(&p, view[float32](yd, ny), view[float32](xd, nx), view[float32](zd, nz), micro2x4)
+		matmulF32(&p, view[float32](yd, ny), view[float32](xd, nx), view[float32](zd, nz))
 	case kernels.Float64:
 		matmulFloat(&p, view[float64](yd, ny), view[float64](xd, nx), view[float64](zd, nz), micro2x4f64)
 	case kernels.Int32:
