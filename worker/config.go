@@ -84,6 +84,9 @@ type Config struct {
 	// the checkpoint bucket, if frames ran since the last one (0: only on
 	// request and at a clean stop). Replay after a takeover starts there.
 	CheckpointInterval time.Duration
+	// NoFusion runs every op by itself even where the backend can fuse
+	// runs of elementwise ops into one kernel (for comparisons).
+	NoFusion bool
 	// TelemetryInterval is how often devices with a Telemetry source are
 	// sampled and published (0: never).
 	TelemetryInterval time.Duration

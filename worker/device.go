@@ -384,7 +384,17 @@ func (d *device) handle(msg jetstream.Msg) {
 	}
 	x := exec{d: d, s: s, seq: seq, reply: reply, enc: enc}
 	start, mem, n, closed := time.Now(), s.bytes, 0, false
+	f, _ := d.cfg.Backend.(fuser)
+	if d.w.cfg.NoFusion {
+		f = nil
+	}
 	for n < len(frame.Ops) && !closed {
+		if f != nil {
+			if k := x.fused(f, frame.Ops, n); k > 0 {
+				n += k
+				continue
+			}
+		}
 		closed = x.op(n, &frame.Ops[n])
 		n++
 	}

@@ -36,6 +36,14 @@ type metrics struct {
 	pending atomic.Uint64
 	// checkpoints committed, their total time and the size of the last.
 	checkpoints, ckptNanos, ckptBytes atomic.Uint64
+	// fusedGroups run on a fusing backend and the ops they covered.
+	fusedGroups, fusedOps atomic.Uint64
+}
+
+// fused records a fused group of n ops.
+func (m *metrics) fused(n int) {
+	m.fusedGroups.Add(1)
+	m.fusedOps.Add(uint64(n))
 }
 
 // checkpoint records a committed checkpoint of size bytes that took took.
@@ -118,6 +126,10 @@ func (w *Worker) WriteMetrics(out io.Writer) error {
 			func(d *device) float64 { return float64(d.m.ckptNanos.Load()) / 1e9 }},
 		{"jetfabric_device_checkpoint_bytes", "gauge", "Size of the last checkpoint.",
 			func(d *device) float64 { return float64(d.m.ckptBytes.Load()) }},
+		{"jetfabric_device_fused_groups_total", "counter", "Runs of elementwise ops executed as one fused kernel.",
+			func(d *device) float64 { return float64(d.m.fusedGroups.Load()) }},
+		{"jetfabric_device_fused_ops_total", "counter", "Ops executed inside fused groups.",
+			func(d *device) float64 { return float64(d.m.fusedOps.Load()) }},
 		{"jetfabric_device_loop_age_seconds", "gauge", "Time since the device loop last came round (at most about 1 s when healthy).",
 			func(d *device) float64 { return now.Sub(time.Unix(0, d.loopAt.Load())).Seconds() }},
 	} {

@@ -1,0 +1,169 @@
+package worker_test
+
+import (
+	"bytes"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/jetfabric/jetfabric/broker/brokertest"
+	"github.com/jetfabric/jetfabric/codec"
+	"github.com/jetfabric/jetfabric/kernels"
+	"github.com/jetfabric/jetfabric/kernels/cpu"
+	"github.com/jetfabric/jetfabric/worker"
+)
+
+// fakeFuser is the CPU backend with ExecFused, which runs a group's ops
+// one by one and records the groups it was given; refuse makes it answer
+// ErrNotImplemented.
+type fakeFuser struct {
+	*cpu.Backend
+	refuse bool
+	mu     sync.Mutex
+	groups []kernels.FusedGroup
+}
+
+func (f *fakeFuser) ExecFused(g *kernels.FusedGroup, in, out []*kernels.Tensor) error {
+	f.mu.Lock()
+	f.groups = append(f.groups, *g)
+	f.mu.Unlock()
+	if f.refuse {
+		return kernels.ErrNotImplemented
+	}
+	metas := make([]kernels.Meta, len(in))
+	for i, t := range in {
+		metas[i] = t.Meta
+	}
+	vals, err := kernels.InferFused(g, metas, kernels.Limits{})
+	if err != nil {
+		return err
+	}
+	ts := append([]*kernels.Tensor(nil), in...)
+	var temps []kernels.Buffer
+	defer func() {
+		for _, b := range temps {
+			f.Free(b)
+		}
+	}()
+	for k := range g.Ops {
+		v := g.Inputs + k
+		var t *kernels.Tensor
+		for j, r := range g.Results {
+			if r == v {
+				t = out[j]
+			}
+		}
+		if t == nil {
+			buf, err := f.Alloc(vals[v].Bytes())
+			if err != nil {
+				return err
+			}
+			temps = append(temps, buf)
+			t = &kernels.Tensor{Meta: vals[v], Buf: buf}
+		}
+		args := make([]*kernels.Tensor, len(g.Ops[k].Args))
+		for j, a := range g.Ops[k].Args {
+			args[j] = ts[a]
+		}
+		if err := f.Exec(&g.Ops[k].Op, args, []*kernels.Tensor{t}); err != nil {
+			return err
+		}
+		ts = append(ts, t)
+	}
+	return nil
+}
+
+func (f *fakeFuser) taken() []kernels.FusedGroup {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	g := f.groups
+	f.groups = nil
+	return g
+}
+
+// The same frames on cpu-0 (op by op) and cpu-1 (a fusing backend) give
+// the same bits and the same errors; freed intermediates are never
+// written, kept ones are readable in later frames.
+func TestFusion(t *testing.T) {
+	b := brokertest.Run(t)
+	for _, refuse := range []bool{false, true} {
+		t.Run(fmt.Sprintf("refuse=%v", refuse), func(t *testing.T) {
+			ff := &fakeFuser{Backend: cpu.New(), refuse: refuse}
+			w := startWorker(t, b, func(c *worker.Config) {
+				c.Devices = []worker.Device{
+					{Name: "cpu-0", Kind: "cpu", Backend: cpu.New()},
+					{Name: "cpu-1", Kind: "cpu", Backend: ff},
+				}
+			})
+			sid := fmt.Sprintf("f%v", refuse)
+			plain := newRaw(t, b, "fabric.ops.cpu-0."+sid)
+			fused := newRaw(t, b, "fabric.ops.cpu-1."+sid)
+			frames := []string{
+				`{"v":1,"ops":[
+				{"op":"upload","out":[1],"dtype":"f32","shape":[4,3],"values":[1,-2,3,0.5,5,-6,7,8,0.25,-10,11,12]},
+				{"op":"upload","out":[2],"dtype":"f32","shape":[3],"values":[0.5,-1.5,2]},
+				{"op":"mul","out":[3],"in":[1,2]},
+				{"op":"add","out":[4],"in":[3,1]},
+				{"op":"tanh","out":[5],"in":[4]},
+				{"op":"sub","out":[6],"in":[5,2]},
+				{"op":"sum","out":[7],"in":[6],"axes":[1]},
+				{"op":"free","in":[3,4]},
+				{"op":"read","in":[6],"tag":1}]}`,
+				`{"v":1,"ops":[{"op":"read","in":[7],"tag":2}]}`,
+				`{"v":1,"ops":[{"op":"read","in":[5],"tag":3}]}`,
+				`{"v":1,"ops":[{"op":"read","in":[3],"tag":4}]}`,
+				// A shape error inside a run: the same error from both.
+				`{"v":1,"ops":[
+				{"op":"upload","out":[10],"dtype":"f32","shape":[2],"values":[1,2]},
+				{"op":"exp","out":[11],"in":[10]},
+				{"op":"add","out":[12],"in":[11,1]},
+				{"op":"neg","out":[13],"in":[12]},
+				{"op":"read","in":[13],"tag":5}]}`,
+				// A cast and a comparison in a run.
+				`{"v":1,"ops":[
+				{"op":"cast","out":[20],"in":[1],"dtype":"f64"},
+				{"op":"gt","out":[21],"in":[20,20]},
+				{"op":"read","in":[21],"tag":6}]}`,
+			}
+			for i, fr := range frames {
+				plain.sendJSON(fr)
+				fused.sendJSON(fr)
+				want, got := plain.result(), fused.result()
+				if !sameResult(want, got) {
+					t.Errorf("frame %d: op by op %+v, fused %+v", i, describe(want), describe(got))
+				}
+				if i == 3 && (len(got.Errors) == 0 || got.Errors[0].Code != codec.CodeUnknownID) {
+					t.Errorf("read of a freed intermediate: %+v", got.Errors)
+				}
+			}
+			groups := ff.taken()
+			if len(groups) < 1 {
+				t.Fatal("no fused group reached the backend")
+			}
+			if g := groups[0]; len(g.Ops) != 5 || fmt.Sprint(g.Results) != fmt.Sprint([]int{4, 5, 6}) {
+				t.Errorf("first group: %d ops, results %v; want 5 ops, results [4 5 6] (values of ids 5, 6, 7)", len(g.Ops), g.Results)
+			}
+			_ = w
+		})
+	}
+}
+
+func sameResult(a, b codec.Result) bool {
+	if a.Tag != b.Tag || len(a.Errors) != len(b.Errors) || (a.Tensor == nil) != (b.Tensor == nil) {
+		return false
+	}
+	for i := range a.Errors {
+		if a.Errors[i].Code != b.Errors[i].Code || a.Errors[i].Index != b.Errors[i].Index || a.Errors[i].Op != b.Errors[i].Op {
+			return false
+		}
+	}
+	return a.Tensor == nil || a.Tensor.DType == b.Tensor.DType && fmt.Sprint(a.Tensor.Shape) == fmt.Sprint(b.Tensor.Shape) && bytes.Equal(a.Tensor.Data, b.Tensor.Data)
+}
+
+func describe(r codec.Result) string {
+	s := fmt.Sprintf("tag %d errors %v", r.Tag, r.Errors)
+	if r.Tensor != nil {
+		s += fmt.Sprintf(" tensor %s %v %v", r.Tensor.DType, r.Tensor.Shape, r.Tensor.Values)
+	}
+	return s
+}
