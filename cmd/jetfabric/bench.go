@@ -13,6 +13,7 @@ import (
 	"runtime/pprof"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -29,18 +30,21 @@ type benchReport struct {
 	Machine  string `json:"machine"`
 	GoMaxPro int    `json:"gomaxprocs"`
 
-	RoundTripP50us    float64 `json:"roundtrip_p50_us"`
-	RoundTripP99us    float64 `json:"roundtrip_p99_us"`
-	RawRequestP50us   float64 `json:"raw_request_p50_us"`
-	RawRequestP99us   float64 `json:"raw_request_p99_us"`
-	RoundTripRatio    float64 `json:"roundtrip_ratio_p50"`
-	PipelinedOpsPerS  float64 `json:"pipelined_ops_per_s"`
-	FrameBytes        int     `json:"frame_bytes"`
-	OpsPerFrame       int     `json:"ops_per_frame"`
-	RawPublishFramesS float64 `json:"raw_js_publish_frames_per_s"`
-	RawPublishOpsS    float64 `json:"raw_js_publish_equiv_ops_per_s"`
-	UploadMBs         float64 `json:"upload_64mib_mb_per_s"`
-	ReadMBs           float64 `json:"read_64mib_mb_per_s"`
+	RoundTripP50us    float64   `json:"roundtrip_p50_us"`
+	RoundTripP99us    float64   `json:"roundtrip_p99_us"`
+	RawRequestP50us   float64   `json:"raw_request_p50_us"`
+	RawRequestP99us   float64   `json:"raw_request_p99_us"`
+	RoundTripRatio    float64   `json:"roundtrip_ratio_p50"`
+	PipelinedOpsPerS  float64   `json:"pipelined_ops_per_s"`
+	FrameBytes        int       `json:"frame_bytes"`
+	OpsPerFrame       int       `json:"ops_per_frame"`
+	RawPublishFramesS float64   `json:"raw_js_publish_frames_per_s"`
+	RawPublishOpsS    float64   `json:"raw_js_publish_equiv_ops_per_s"`
+	UploadMBs         float64   `json:"upload_64mib_mb_per_s"`
+	ReadMBs           float64   `json:"read_64mib_mb_per_s"`
+	Device            string    `json:"device"`
+	NoFusion          bool      `json:"no_fusion,omitempty"`
+	GPU               *gpuBench `json:"gpu,omitempty"`
 }
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -53,6 +57,13 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	echo := fs.String("serve-echo", "", "internal: serve the raw responder on this URL until stopped")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (broker, worker and client in -layout inproc) to this file")
 	ckpt := fs.Duration("checkpoint-interval", 30*time.Second, "the worker's checkpoint interval (0: only on request), to measure what checkpoints cost")
+	device := fs.String("device", "cpu-0", "the device to measure; a gpu-N also runs the matmul and fused-chain benchmarks")
+	gpus := fs.String("gpus", "", "the worker's -gpus (default: all when -device is a GPU, else none)")
+	noFusion := fs.Bool("no-fusion", false, "the worker runs every op by itself (the unfused baseline)")
+	matN := fs.Int("matmul-n", 4096, "with a GPU -device: matrix size of the matmul chain")
+	matChain := fs.Int("matmul-chain", 100, "with a GPU -device: products in the matmul chain")
+	chainMiB := fs.Int("chain-mib", 256, "with a GPU -device: MiB of float32 the 8-op chain runs over")
+	chainRuns := fs.Int("chain-runs", 50, "with a GPU -device: timed runs of the 8-op chain")
 	scale := fs.String("scale", "", "horizontal scaling instead: the same job sets on these numbers of worker processes, e.g. 1,2,4")
 	var sc scaleConfig
 	fs.IntVar(&sc.jobs, "scale-jobs", 32, "with -scale: jobs (sessions) in a set")
@@ -85,7 +96,13 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		defer pprof.StopCPUProfile()
 	}
-	url, stop, err := benchFabric(ctx, *layout, *ckpt, progress)
+	if *gpus == "" {
+		*gpus = "none"
+		if strings.HasPrefix(*device, "gpu-") {
+			*gpus = "all"
+		}
+	}
+	url, stop, err := benchFabric(ctx, *layout, *ckpt, benchWorker{gpus: *gpus, noFusion: *noFusion}, progress)
 	if err != nil {
 		return err
 	}
@@ -96,7 +113,12 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	} else {
 		rep.Layout = "separate processes (broker, worker, raw responder, client; TCP loopback)"
 	}
-	if err := benchRun(ctx, url, *rounds, *ops, *upload, &rep, progress); err != nil {
+	rep.Device, rep.NoFusion = *device, *noFusion
+	var dev *devBench
+	if strings.HasPrefix(*device, "gpu-") {
+		dev = &devBench{n: *matN, chain: *matChain, elems: *chainMiB << 18, runs: *chainRuns}
+	}
+	if err := benchRun(ctx, url, *device, *rounds, *ops, *upload, dev, &rep, progress); err != nil {
 		return err
 	}
 	if *asJSON {
@@ -112,12 +134,29 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *upload > 0 {
 		fmt.Fprintf(stdout, "%d MiB upload %.0f MB/s, read-back %.0f MB/s\n", *upload, rep.UploadMBs, rep.ReadMBs)
 	}
+	if g := rep.GPU; g != nil {
+		fused := "fused"
+		if rep.NoFusion {
+			fused = "op by op"
+		}
+		fmt.Fprintf(stdout, "matmul chain %dx%d f32       %10.1f ops/s = %.1f TFLOP/s (%d products)\n", g.MatmulN, g.MatmulN, g.MatmulOpsS, g.MatmulTFLOPs, g.MatmulChain)
+		fmt.Fprintf(stdout, "8-op elementwise chain      %10.3f ms a run over %d MiB f32 = %.0f GB/s (%s, %d runs)\n", g.ChainMs, g.ChainElems>>18, g.ChainGBs, fused, g.ChainRuns)
+	}
 	return nil
 }
 
+// benchWorker is what the bench's worker serves.
+type benchWorker struct {
+	gpus     string
+	noFusion bool
+}
+
+// devBench sizes the device benchmarks.
+type devBench struct{ n, chain, elems, runs int }
+
 // benchFabric starts the fabric in the chosen layout and returns its URL.
-func benchFabric(ctx context.Context, layout string, ckpt time.Duration, progress func(string, ...any)) (string, func(), error) {
-	wf := workerFlags{cpus: 1, idle: time.Hour, checkpoint: ckpt}
+func benchFabric(ctx context.Context, layout string, ckpt time.Duration, bw benchWorker, progress func(string, ...any)) (string, func(), error) {
+	wf := workerFlags{cpus: 1, idle: time.Hour, checkpoint: ckpt, gpus: bw.gpus, noFusion: bw.noFusion}
 	if ckpt == 0 {
 		wf.checkpoint = -1 // off
 	}
@@ -146,7 +185,18 @@ func benchFabric(ctx context.Context, layout string, ckpt time.Duration, progres
 		}
 		cleanup = append(cleanup, func() { _ = shutdown(b, nil) })
 		url := b.ClientURL()
-		wcfg, _ := wf.config(logger(os.Stderr, ""))
+		logf := logger(os.Stderr, "")
+		wcfg, err := wf.config(logf)
+		if err != nil {
+			stop()
+			return "", nil, err
+		}
+		wcfg, closeGPUs, err := wf.withGPUs(wcfg, logf)
+		if err != nil {
+			stop()
+			return "", nil, err
+		}
+		cleanup = append(cleanup, closeGPUs)
 		nc, err := nats.Connect(url)
 		if err != nil {
 			stop()
@@ -189,7 +239,7 @@ func benchFabric(ctx context.Context, layout string, ckpt time.Duration, progres
 			stop()
 			return "", nil, err
 		}
-		if err := start("worker", "--url", url, "--idle-timeout", "1h", "--checkpoint-interval", ckpt.String()); err != nil {
+		if err := start("worker", "--url", url, "--idle-timeout", "1h", "--checkpoint-interval", ckpt.String(), "--gpus", bw.gpus, "--no-fusion="+strconv.FormatBool(bw.noFusion)); err != nil {
 			stop()
 			return "", nil, err
 		}
@@ -240,7 +290,7 @@ func serveEcho(ctx context.Context, url string) error {
 	return nil
 }
 
-func benchRun(ctx context.Context, url string, rounds, nops, uploadMiB int, rep *benchReport, progress func(string, ...any)) error {
+func benchRun(ctx context.Context, url, device string, rounds, nops, uploadMiB int, dev *devBench, rep *benchReport, progress func(string, ...any)) error {
 	c, err := client.Connect(url)
 	if err != nil {
 		return err
@@ -250,7 +300,7 @@ func benchRun(ctx context.Context, url string, rounds, nops, uploadMiB int, rep 
 	defer cancel()
 	var s *client.Session
 	for deadline := time.Now().Add(30 * time.Second); ; {
-		if s, err = c.Open(ctx, "cpu-0"); err == nil {
+		if s, err = c.Open(ctx, device); err == nil {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -289,6 +339,13 @@ func benchRun(ctx context.Context, url string, rounds, nops, uploadMiB int, rep 
 	rep.RoundTripP50us, rep.RoundTripP99us = pct(ours, 50), pct(ours, 99)
 	rep.RawRequestP50us, rep.RawRequestP99us = pct(raw, 50), pct(raw, 99)
 	rep.RoundTripRatio = rep.RoundTripP50us / rep.RawRequestP50us
+
+	if dev != nil {
+		rep.GPU = &gpuBench{}
+		if err := benchDevice(ctx, s, dev.n, dev.chain, dev.elems, dev.runs, rep.GPU, progress); err != nil {
+			return err
+		}
+	}
 
 	// Pipelined ops: a chain of adds, read once at the end.
 	progress("pipelined: %d ops in one session", nops)

@@ -109,6 +109,7 @@ type workerFlags struct {
 	jobAckWait time.Duration
 	gpus       string // all, N or none; "" (a literal workerFlags) is none
 	tf32       bool
+	noFusion   bool
 }
 
 func (f *workerFlags) register(fs *flag.FlagSet) {
@@ -117,6 +118,7 @@ func (f *workerFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.idle, "idle-timeout", 10*time.Minute, "free a session idle this long (0: never)")
 	fs.StringVar(&f.id, "id", "", "worker id in the registry (default host-pid)")
 	fs.StringVar(&f.gpus, "gpus", "all", "NVIDIA GPUs to serve as gpu-0 ...: all (those found; none without a driver), N (the first N) or none")
+	fs.BoolVar(&f.noFusion, "no-fusion", false, "run every op by itself, even where the backend could fuse runs of elementwise ops")
 	fs.BoolVar(&f.tf32, "tf32", false, "let float32 matmuls on GPUs use TF32 tensor cores (faster, about 1e-3 relative error)")
 	fs.StringVar(&f.jobs, "jobs", "", "also take jobs of this device kind from the jobs stream (cpu); with -cpus 0, only jobs")
 	fs.DurationVar(&f.jobAckWait, "job-ack-wait", 10*time.Second, "a job unacknowledged this long (its worker died) goes to another worker")
@@ -143,6 +145,7 @@ func (f *workerFlags) config(logf func(string, ...any)) (worker.Config, error) {
 		cfg.ID = f.id
 	}
 	cfg.IdleTimeout = f.idle
+	cfg.NoFusion = f.noFusion
 	cfg.Logf = logf
 	if f.leaseTTL != 0 {
 		cfg.LeaseTTL = f.leaseTTL
