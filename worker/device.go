@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -44,9 +43,6 @@ type device struct {
 	// consumed are transfer objects this device read last; deleted once a
 	// checkpoint covers the ops that read them.
 	consumed []string
-	// quietTo: frames up to this sequence ran before the takeover; their
-	// reads were answered then, so replay does not answer them again.
-	quietTo uint64
 	// replay tracks the catch-up after a takeover, until the device has
 	// applied every frame that was in the stream.
 	replay struct {
@@ -121,12 +117,6 @@ func (d *device) serve(ready chan<- error) {
 func (d *device) takeOver(ctx context.Context) error {
 	w := d.w
 	t0 := time.Now()
-	if e, err := w.ctrl.Get(ctx, subjects.DeviceKey(d.cfg.Name)); err == nil {
-		var prev codec.Device
-		if json.Unmarshal(e.Value(), &prev) == nil {
-			d.quietTo = prev.Applied
-		}
-	}
 	from, err := d.restore(ctx)
 	if err != nil {
 		return err
@@ -222,7 +212,7 @@ func (d *device) stepDown(release bool) {
 	d.sessionCount.Store(0)
 	d.m.tensorBytes.Store(0)
 	d.applied.Store(0)
-	d.ckptSeq, d.ckptObject, d.ckptWanted, d.quietTo = 0, "", false, 0
+	d.ckptSeq, d.ckptObject, d.ckptWanted = 0, "", false
 	d.consumed = nil
 }
 
@@ -255,6 +245,12 @@ func (d *device) run() {
 		case err == nil:
 			d.handle(msg)
 		case errors.Is(err, nats.ErrTimeout):
+			select {
+			case <-d.w.stop: // stopped before the iterator was there to halt
+				it.Stop()
+				return
+			default:
+			}
 		case errors.Is(err, jetstream.ErrMsgIteratorClosed):
 			return
 		default:
@@ -339,9 +335,6 @@ func (d *device) handle(msg jetstream.Msg) {
 	defer d.applied.Store(seq)
 	hdr := msg.Headers()
 	reply := hdr.Get(subjects.HeaderReply)
-	if seq <= d.quietTo {
-		reply = "" // answered before the takeover
-	}
 	enc, encErr := codec.EncodingOf(hdr.Get(subjects.HeaderContentType))
 	fail := func(code, format string, args ...any) codec.Error {
 		d.m.countError(code)

@@ -9,6 +9,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jetfabric/jetfabric/codec"
@@ -35,6 +36,9 @@ type exec struct {
 	reply string
 	enc   codec.Encoding
 	io    ioCount // bytes moved by this frame, for metrics
+	// mu guards io and the device's consumed list while a collective
+	// moves its pieces from several goroutines.
+	mu sync.Mutex
 }
 
 // pend records a new error of the session, reported on its next read or

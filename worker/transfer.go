@@ -79,7 +79,9 @@ func (x *exec) publish(ctx context.Context, name string, m kernels.Meta, data []
 	if _, err := w.xfer.Put(ctx, name, data, map[string]string{"dtype": m.DType.String(), "shape": shapeString(m.Shape)}); err != nil {
 		return failf(codec.CodeUnavailabe, "transfer %s: %v", name, err)
 	}
+	x.mu.Lock()
 	x.io.outObject += uint64(len(data))
+	x.mu.Unlock()
 	return nil
 }
 
@@ -111,7 +113,9 @@ func (x *exec) fetchObject(ctx context.Context, name string, who string, want ke
 		}
 		return m, nil, failf(codec.CodeUnavailabe, "%s: %v", name, err)
 	}
+	x.mu.Lock()
 	x.io.inObject += uint64(len(buf))
+	x.mu.Unlock()
 	return m, buf, nil
 }
 
@@ -137,7 +141,9 @@ func (x *exec) countRead(ctx context.Context, name, who string) error {
 		b, _ := json.Marshal(rc)
 		if _, err := kv.Update(ctx, subjects.TransferKey(name), b, e.Revision()); err == nil {
 			if len(rc.Readers) == rc.Max {
+				x.mu.Lock()
 				x.d.consumed = append(x.d.consumed, name)
+				x.mu.Unlock()
 			}
 			return nil
 		} else if !errors.Is(err, jetstream.ErrKeyExists) {
