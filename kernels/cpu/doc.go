@@ -18,11 +18,16 @@
 // division by zero gives 0. Conversions from floats to integers truncate
 // toward zero and saturate, NaN giving 0. Random ops draw from
 // kernels.UniformAt and kernels.NormalAt in float64 and round the result.
+// layer_norm and rms_norm compute each group in float64 and round once;
+// scatter_add adds in index order in the output dtype (float16 and
+// bfloat16 in float32), so repeated indices sum the same way every time.
 //
 // # Concurrency
 //
 // A Backend is used by one goroutine at a time, as kernels.Backend says.
 // Exec splits ops above about 32K elements across runtime.GOMAXPROCS
 // goroutines, which it starts and waits for; smaller ops run on the calling
-// goroutine and allocate nothing.
+// goroutine and allocate nothing. The movement, indexing and normalisation
+// ops (kernels.Movement, Indexing, Norms) run on the calling goroutine and
+// allocate a little bookkeeping per call.
 package cpu
