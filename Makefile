@@ -64,9 +64,11 @@ test-race:
 test-nocgo:
 	CGO_ENABLED=0 $(GO) test -count=1 -timeout 15m $(PKGS)
 
-## test-gpu: GPU tests where a driver is present (they skip elsewhere)
+## test-gpu: GPU tests where a driver is present (they skip elsewhere): the CUDA backend, then
+## GPU workers through a real broker (NVML, fusion, the CUDA backend against the CPU)
 test-gpu:
-	CGO_ENABLED=1 $(GO) test -count=1 -v -run . ./kernels/cuda/...
+	CGO_ENABLED=1 $(GO) test -count=1 -v -run . ./kernels/cuda/... ./kernels/all
+	CGO_ENABLED=1 $(GO) test -count=1 -v -run 'GPU|NVML|Fusion' ./worker
 
 vet:
 	$(GO) vet $(PKGS)

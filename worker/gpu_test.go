@@ -1,0 +1,163 @@
+//go:build cgo && linux
+
+package worker_test
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/jetfabric/jetfabric/broker/brokertest"
+	"github.com/jetfabric/jetfabric/codec"
+	"github.com/jetfabric/jetfabric/kernels/cpu"
+	"github.com/jetfabric/jetfabric/kernels/cuda"
+	"github.com/jetfabric/jetfabric/worker"
+)
+
+// openGPU opens CUDA device 0, or skips without a driver.
+func openGPU(t *testing.T) *cuda.Backend {
+	t.Helper()
+	g, err := cuda.New(0, cuda.WithCacheDir(t.TempDir()))
+	if errors.Is(err, cuda.ErrNoGPU) || errors.Is(err, cuda.ErrNoCompiler) {
+		t.Skipf("no GPU: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// The frames of TestFusion and an 8-op chain, a matmul and reductions,
+// on cpu-0 and on a real GPU worker through the broker: the same errors,
+// values within float32 rounding, and fused groups counted.
+func TestGPUFabric(t *testing.T) {
+	g := openGPU(t)
+	b := brokertest.Run(t)
+	w := startWorker(t, b, func(c *worker.Config) {
+		d := worker.Device{Name: "gpu-0", Kind: "gpu", Backend: g}
+		if n, err := worker.OpenNVML(); err == nil {
+			t.Cleanup(func() { n.Close() })
+			d = n.Device(0, g)
+			t.Logf("gpu-0: %+v", n.GPUs()[0])
+		} else {
+			t.Logf("no NVML: %v", err)
+		}
+		c.Devices = []worker.Device{{Name: "cpu-0", Kind: "cpu", Backend: cpu.New()}, d}
+	})
+	plain := newRaw(t, b, "fabric.ops.cpu-0.g")
+	gpu := newRaw(t, b, "fabric.ops.gpu-0.g")
+	frames := []string{
+		`{"v":1,"ops":[
+		{"op":"upload","out":[1],"dtype":"f32","shape":[4,3],"values":[1,-2,3,0.5,5,-6,7,8,0.25,-10,11,12]},
+		{"op":"upload","out":[2],"dtype":"f32","shape":[3],"values":[0.5,-1.5,2]},
+		{"op":"mul","out":[3],"in":[1,2]},
+		{"op":"add","out":[4],"in":[3,1]},
+		{"op":"tanh","out":[5],"in":[4]},
+		{"op":"sub","out":[6],"in":[5,2]},
+		{"op":"sum","out":[7],"in":[6],"axes":[1]},
+		{"op":"free","in":[3,4]},
+		{"op":"read","in":[6],"tag":1}]}`,
+		`{"v":1,"ops":[{"op":"read","in":[7],"tag":2}]}`,
+		`{"v":1,"ops":[{"op":"read","in":[5],"tag":3}]}`,
+		`{"v":1,"ops":[{"op":"read","in":[3],"tag":4}]}`,
+		`{"v":1,"ops":[
+		{"op":"upload","out":[10],"dtype":"f32","shape":[2],"values":[1,2]},
+		{"op":"exp","out":[11],"in":[10]},
+		{"op":"add","out":[12],"in":[11,1]},
+		{"op":"neg","out":[13],"in":[12]},
+		{"op":"read","in":[13],"tag":5}]}`,
+		// The bench's 8-op chain over 1M values, freed intermediates, then
+		// its max.
+		`{"v":1,"ops":[
+		{"op":"normal","out":[20],"dtype":"f32","shape":[1048576],"std":1},
+		{"op":"full","out":[21],"dtype":"f32","shape":[],"value":0.5},
+		{"op":"mul","out":[22],"in":[20,21]},
+		{"op":"add","out":[23],"in":[22,20]},
+		{"op":"relu","out":[24],"in":[23]},
+		{"op":"sub","out":[25],"in":[24,21]},
+		{"op":"neg","out":[26],"in":[25]},
+		{"op":"mul","out":[27],"in":[26,26]},
+		{"op":"add","out":[28],"in":[27,21]},
+		{"op":"tanh","out":[29],"in":[28]},
+		{"op":"free","in":[22,23,24,25,26,27,28]},
+		{"op":"sum","out":[30],"in":[29]},
+		{"op":"read","in":[30],"tag":6}]}`,
+		`{"v":1,"ops":[
+		{"op":"uniform","out":[40],"dtype":"f32","shape":[64,48]},
+		{"op":"uniform","out":[41],"dtype":"f32","shape":[48,32]},
+		{"op":"matmul","out":[42],"in":[40,41]},
+		{"op":"mul","out":[43],"in":[42,42]},
+		{"op":"sqrt","out":[44],"in":[43]},
+		{"op":"max","out":[45],"in":[44],"axes":[0]},
+		{"op":"read","in":[45],"tag":7}]}`,
+	}
+	for i, fr := range frames {
+		plain.sendJSON(fr)
+		gpu.sendJSON(fr)
+		want, got := plain.result(), gpu.result()
+		if err := closeResult(want, got, 1e-5); err != nil {
+			t.Errorf("frame %d: %v\ncpu %s\ngpu %s", i, err, describe(want), describe(got))
+		}
+	}
+	var m bytes.Buffer
+	if err := w.WriteMetrics(&m); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(m.String(), `jetfabric_device_fused_groups_total{device="gpu-0"} `) ||
+		strings.Contains(m.String(), `jetfabric_device_fused_groups_total{device="gpu-0"} 0`) {
+		t.Errorf("no fused groups on gpu-0:\n%s", grep(m.String(), "fused"))
+	}
+	t.Log(grep(m.String(), "fused"))
+}
+
+func grep(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) && !strings.HasPrefix(l, "#") {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// closeResult compares two results: the same errors, and f32 tensors
+// equal within rel (relative to the largest magnitude), others bit for bit.
+func closeResult(a, b codec.Result, rel float64) error {
+	if a.Tag != b.Tag || len(a.Errors) != len(b.Errors) || (a.Tensor == nil) != (b.Tensor == nil) {
+		return fmt.Errorf("results differ")
+	}
+	for i := range a.Errors {
+		if a.Errors[i].Code != b.Errors[i].Code || a.Errors[i].Index != b.Errors[i].Index {
+			return fmt.Errorf("error %d differs", i)
+		}
+	}
+	if a.Tensor == nil {
+		return nil
+	}
+	x, y := a.Tensor, b.Tensor
+	if x.DType != y.DType || fmt.Sprint(x.Shape) != fmt.Sprint(y.Shape) || len(x.Data) != len(y.Data) {
+		return fmt.Errorf("tensors differ in meta")
+	}
+	if x.DType != "f32" {
+		if !bytes.Equal(x.Data, y.Data) {
+			return fmt.Errorf("%s data differs", x.DType)
+		}
+		return nil
+	}
+	scale := 0.0
+	for i := 0; i < len(x.Data); i += 4 {
+		scale = max(scale, math.Abs(float64(math.Float32frombits(binary.LittleEndian.Uint32(x.Data[i:])))))
+	}
+	for i := 0; i < len(x.Data); i += 4 {
+		u := float64(math.Float32frombits(binary.LittleEndian.Uint32(x.Data[i:])))
+		v := float64(math.Float32frombits(binary.LittleEndian.Uint32(y.Data[i:])))
+		if math.Abs(u-v) > rel*max(scale, 1) {
+			return fmt.Errorf("element %d: %v vs %v", i/4, u, v)
+		}
+	}
+	return nil
+}
