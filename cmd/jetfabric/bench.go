@@ -44,6 +44,7 @@ type benchReport struct {
 	ReadMBs           float64   `json:"read_64mib_mb_per_s"`
 	Device            string    `json:"device"`
 	NoFusion          bool      `json:"no_fusion,omitempty"`
+	TF32              bool      `json:"tf32,omitempty"`
 	GPU               *gpuBench `json:"gpu,omitempty"`
 }
 
@@ -60,6 +61,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	device := fs.String("device", "cpu-0", "the device to measure; a gpu-N also runs the matmul and fused-chain benchmarks")
 	gpus := fs.String("gpus", "", "the worker's -gpus (default: all when -device is a GPU, else none)")
 	noFusion := fs.Bool("no-fusion", false, "the worker runs every op by itself (the unfused baseline)")
+	tf32 := fs.Bool("tf32", false, "the worker's float32 matmuls on GPUs use TF32 tensor cores")
 	matN := fs.Int("matmul-n", 4096, "with a GPU -device: matrix size of the matmul chain")
 	matChain := fs.Int("matmul-chain", 100, "with a GPU -device: products in the matmul chain")
 	chainMiB := fs.Int("chain-mib", 256, "with a GPU -device: MiB of float32 the 8-op chain runs over")
@@ -102,7 +104,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			*gpus = "all"
 		}
 	}
-	url, stop, err := benchFabric(ctx, *layout, *ckpt, benchWorker{gpus: *gpus, noFusion: *noFusion}, progress)
+	url, stop, err := benchFabric(ctx, *layout, *ckpt, benchWorker{gpus: *gpus, noFusion: *noFusion, tf32: *tf32}, progress)
 	if err != nil {
 		return err
 	}
@@ -113,7 +115,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	} else {
 		rep.Layout = "separate processes (broker, worker, raw responder, client; TCP loopback)"
 	}
-	rep.Device, rep.NoFusion = *device, *noFusion
+	rep.Device, rep.NoFusion, rep.TF32 = *device, *noFusion, *tf32
 	var dev *devBench
 	if strings.HasPrefix(*device, "gpu-") {
 		dev = &devBench{n: *matN, chain: *matChain, elems: *chainMiB << 18, runs: *chainRuns}
@@ -139,7 +141,11 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if rep.NoFusion {
 			fused = "op by op"
 		}
-		fmt.Fprintf(stdout, "matmul chain %dx%d f32       %10.1f ops/s = %.1f TFLOP/s (%d products)\n", g.MatmulN, g.MatmulN, g.MatmulOpsS, g.MatmulTFLOPs, g.MatmulChain)
+		prec := "f32"
+		if rep.TF32 {
+			prec = "tf32"
+		}
+		fmt.Fprintf(stdout, "matmul chain %dx%d %-4s      %10.1f ops/s = %.1f TFLOP/s (%d products)\n", g.MatmulN, g.MatmulN, prec, g.MatmulOpsS, g.MatmulTFLOPs, g.MatmulChain)
 		fmt.Fprintf(stdout, "8-op elementwise chain      %10.3f ms a run over %d MiB f32 = %.0f GB/s (%s, %d runs)\n", g.ChainMs, g.ChainElems>>18, g.ChainGBs, fused, g.ChainRuns)
 	}
 	return nil
@@ -149,6 +155,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 type benchWorker struct {
 	gpus     string
 	noFusion bool
+	tf32     bool
 }
 
 // devBench sizes the device benchmarks.
@@ -156,7 +163,7 @@ type devBench struct{ n, chain, elems, runs int }
 
 // benchFabric starts the fabric in the chosen layout and returns its URL.
 func benchFabric(ctx context.Context, layout string, ckpt time.Duration, bw benchWorker, progress func(string, ...any)) (string, func(), error) {
-	wf := workerFlags{cpus: 1, idle: time.Hour, checkpoint: ckpt, gpus: bw.gpus, noFusion: bw.noFusion}
+	wf := workerFlags{cpus: 1, idle: time.Hour, checkpoint: ckpt, gpus: bw.gpus, noFusion: bw.noFusion, tf32: bw.tf32}
 	if ckpt == 0 {
 		wf.checkpoint = -1 // off
 	}
@@ -239,7 +246,7 @@ func benchFabric(ctx context.Context, layout string, ckpt time.Duration, bw benc
 			stop()
 			return "", nil, err
 		}
-		if err := start("worker", "--url", url, "--idle-timeout", "1h", "--checkpoint-interval", ckpt.String(), "--gpus", bw.gpus, "--no-fusion="+strconv.FormatBool(bw.noFusion)); err != nil {
+		if err := start("worker", "--url", url, "--idle-timeout", "1h", "--checkpoint-interval", ckpt.String(), "--gpus", bw.gpus, "--no-fusion="+strconv.FormatBool(bw.noFusion), "--tf32="+strconv.FormatBool(bw.tf32)); err != nil {
 			stop()
 			return "", nil, err
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/jetfabric/jetfabric/client"
+	"github.com/jetfabric/jetfabric/subjects"
 )
 
 func runDevices(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -19,6 +20,7 @@ func runDevices(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	var cf clientFlags
 	cf.register(fs, envOr("JETFABRIC_URL", nats.DefaultURL))
 	asJSON := fs.Bool("json", false, "print the registry entries as JSON")
+	wait := fs.Duration("telemetry-wait", 3*time.Second, "how long to wait for the telemetry of live GPUs")
 	if err := parse(fs, args, stderr); err != nil {
 		return err
 	}
@@ -39,6 +41,19 @@ func runDevices(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return enc.Encode(devs)
 	}
 	printDevices(stdout, devs, time.Now())
+	if gpus := liveGPUs(devs, time.Now()); len(gpus) > 0 {
+		// GPU workers publish telemetry every few seconds: wait for one round.
+		tw, err := watchTelemetry(c.Conn(), subjects.Default())
+		if err != nil {
+			return err
+		}
+		defer tw.stop()
+		wctx, cancel := context.WithTimeout(ctx, *wait)
+		tw.wait(wctx, gpus)
+		cancel()
+		fmt.Fprintln(stdout)
+		tw.print(stdout, devs, time.Now())
+	}
 	return nil
 }
 

@@ -62,6 +62,10 @@ func runTop(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	t := time.NewTicker(*interval)
 	defer t.Stop()
 	tp := &topView{nc: c.Conn(), names: subjects.Default(), prev: map[string]topSample{}}
+	if tp.tel, err = watchTelemetry(c.Conn(), tp.names); err != nil {
+		return err
+	}
+	defer tp.tel.stop()
 	for n := 0; *count == 0 || n < *count; n++ {
 		if n > 0 {
 			select {
@@ -113,6 +117,7 @@ type topView struct {
 	nc    *nats.Conn
 	names subjects.Names
 	prev  map[string]topSample
+	tel   *telemetryWatch // nil: no GPU table
 }
 
 // render writes one table of devs. A live device's entry is refreshed from
@@ -146,6 +151,10 @@ func (v *topView) render(ctx context.Context, w io.Writer, devs []client.Device,
 			d.Sessions, d.Applied, d.Lag, rate, d.Ops, now.Sub(d.Beat).Round(100*time.Millisecond))
 	}
 	tw.Flush()
+	if v.tel != nil && len(liveGPUs(devs, now)) > 0 {
+		fmt.Fprintln(w)
+		v.tel.print(w, devs, now)
+	}
 }
 
 // refresh replaces *d with the worker's answer on the device's info
