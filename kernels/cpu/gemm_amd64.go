@@ -79,10 +79,17 @@ func matmulF32(p *mm, c, a, b []float32) {
 func gemmAVX(pv mm, c, a, b []float32) {
 	p := &pv
 	m, n := p.m, p.n
-	tm, tn := (m+gmc-1)/gmc, (n+gnc-1)/gnc
-	// Cut small products into at least 4 tiles, for the cores to share,
-	// as long as tiles keep at least 48 rows and 64 columns.
-	for p.batch.n*tm*tn < 4 {
+	procs := runtime.GOMAXPROCS(0)
+	w := 1
+	if p.m*p.n*p.k >= 1<<18 {
+		w = procs
+	}
+	// Tiles of at most gnc columns and as many rows as can be, so that each
+	// packed block of B serves many blocks of A; cut into at least two
+	// tiles a core, as long as tiles keep at least 48 rows and 64 columns.
+	// (The tiling does not change the bits: see above.)
+	tm, tn := 1, (n+gnc-1)/gnc
+	for p.batch.n*tm*tn < 2*w {
 		hm, hn := m/(tm+1), n/(tn+1)
 		if hm >= 48 && (hm >= hn || hn < 64) {
 			tm++
@@ -101,7 +108,7 @@ func gemmAVX(pv mm, c, a, b []float32) {
 		defer f64Pool.Put(ah)
 		defer f64Pool.Put(bh)
 		defer f64Pool.Put(eh)
-		pa := packBuf[float32](ah, tmc*gkc)
+		pa := packBuf[float32](ah, min(tmc, gmc)*gkc)
 		pb := packBuf[float32](bh, tnc*gkc)
 		edge := packBuf[float32](eh, gmr*gnr)
 		for t := lo; t < hi; t++ {
@@ -113,10 +120,7 @@ func gemmAVX(pv mm, c, a, b []float32) {
 				i0, j0, min(tmc, m-i0), min(tnc, n-j0), pa, pb, edge)
 		}
 	}
-	w := 1
-	if p.m*p.n*p.k >= 1<<18 {
-		w = min(runtime.GOMAXPROCS(0), tasks)
-	}
+	w = min(w, tasks)
 	if w > 1 {
 		parallelDynamic(tasks, w, run)
 		return
@@ -127,41 +131,46 @@ func gemmAVX(pv mm, c, a, b []float32) {
 func roundUp(x, m int) int { return (x + m - 1) / m * m }
 
 // gemmTileAVX computes rows [i0, i0+rows) and columns [j0, j0+cols) of
-// one batch's C (m×n) = A (m×k) · B (k×n).
+// one batch's C (m×n) = A (m×k) · B (k×n): per block of k, it packs that
+// block of B once, then A gmc rows at a time.
 func gemmTileAVX(p *mm, c, a, b []float32, i0, j0, rows, cols int, pa, pb, edge []float32) {
 	n, k := p.n, p.k
-	ip, jp := (rows+gmr-1)/gmr, (cols+gnr-1)/gnr
+	jp := (cols + gnr - 1) / gnr
 	edge = edge[:gmr*gnr]
 	for pc := 0; pc < k; pc += gkc {
 		kk := min(gkc, k-pc)
-		pa := pa[:ip*gmr*kk]
 		pb := pb[:jp*gnr*kk]
-		packA6(pa, a, k, i0, rows, pc, kk)
 		packB16(pb, b, n, j0, cols, pc, kk)
 		add := pc > 0
-		for jb := range jp {
-			bpan := pb[jb*gnr*kk : (jb+1)*gnr*kk]
-			cj := j0 + jb*gnr
-			wide := cj+gnr <= j0+cols
-			for ib := range ip {
-				apan := pa[ib*gmr*kk : (ib+1)*gmr*kk]
-				ci := i0 + ib*gmr
-				if wide && ci+gmr <= i0+rows {
-					_ = c[(ci+gmr-1)*n+cj+gnr-1] // the kernel's last element
-					gemm6x16(kk, &apan[0], &bpan[0], &c[ci*n+cj], n, add)
-					continue
-				}
-				gemm6x16(kk, &apan[0], &bpan[0], &edge[0], gnr, false)
-				for r := 0; r < gmr && ci+r < i0+rows; r++ {
-					w := min(gnr, j0+cols-cj)
-					dst := c[(ci+r)*n+cj : (ci+r)*n+cj+w]
-					src := edge[r*gnr : r*gnr+w]
-					if add {
-						for q, v := range src {
-							dst[q] += v
+		for ic := i0; ic < i0+rows; ic += gmc {
+			mrows := min(gmc, i0+rows-ic)
+			ip := (mrows + gmr - 1) / gmr
+			pa := pa[:ip*gmr*kk]
+			packA6(pa, a, k, ic, mrows, pc, kk)
+			for jb := range jp {
+				bpan := pb[jb*gnr*kk : (jb+1)*gnr*kk]
+				cj := j0 + jb*gnr
+				wide := cj+gnr <= j0+cols
+				for ib := range ip {
+					apan := pa[ib*gmr*kk : (ib+1)*gmr*kk]
+					ci := ic + ib*gmr
+					if wide && ci+gmr <= ic+mrows {
+						_ = c[(ci+gmr-1)*n+cj+gnr-1] // the kernel's last element
+						gemm6x16(kk, &apan[0], &bpan[0], &c[ci*n+cj], n, add)
+						continue
+					}
+					gemm6x16(kk, &apan[0], &bpan[0], &edge[0], gnr, false)
+					for r := 0; r < gmr && ci+r < ic+mrows; r++ {
+						w := min(gnr, j0+cols-cj)
+						dst := c[(ci+r)*n+cj : (ci+r)*n+cj+w]
+						src := edge[r*gnr : r*gnr+w]
+						if add {
+							for q, v := range src {
+								dst[q] += v
+							}
+						} else {
+							copy(dst, src)
 						}
-					} else {
-						copy(dst, src)
 					}
 				}
 			}
@@ -212,7 +221,7 @@ func packB16(dst, b []float32, n, j0, cols, pc, kk int) {
 		row := b[(pc+q)*n+j0 : (pc+q)*n+j0+cols]
 		for jb := range full {
 			o := jb*gnr*kk + q*gnr
-			copy(dst[o:o+gnr], row[jb*gnr:jb*gnr+gnr])
+			*(*[gnr]float32)(dst[o:]) = *(*[gnr]float32)(row[jb*gnr:])
 		}
 		if full*gnr < cols {
 			o := full*gnr*kk + q*gnr
