@@ -5,6 +5,8 @@ package cpu
 import (
 	"math"
 	"math/rand/v2"
+	"runtime"
+	"slices"
 	"testing"
 )
 
@@ -92,6 +94,39 @@ func TestGemmAVXMatchesPureGo(t *testing.T) {
 							s, bi, i, j, g, pg, want)
 					}
 				}
+			}
+		}
+	}
+}
+
+// TestGemmAVXSameBitsOnAnyCores: the tiling of the assembly path follows
+// GOMAXPROCS, the bits must not.
+func TestGemmAVXSameBitsOnAnyCores(t *testing.T) {
+	if !hasAVX2FMA {
+		t.Skip("no AVX2 and FMA")
+	}
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	r := rand.New(rand.NewPCG(13, 14))
+	for _, s := range [][3]int{{193, 257, 513}, {101, 600, 77}, {64, 1000, 1100}, {7, 300, 900}} {
+		m, k, n := s[0], s[1], s[2]
+		p := mm{m: m, k: k, n: n}
+		p.batch, _ = newBcast(nil, nil, nil)
+		a, b := make([]float32, m*k), make([]float32, k*n)
+		for i := range a {
+			a[i] = r.Float32()*2 - 1
+		}
+		for i := range b {
+			b[i] = r.Float32()*2 - 1
+		}
+		var first []float32
+		for _, procs := range []int{1, 2, 3, 8} {
+			runtime.GOMAXPROCS(procs)
+			c := make([]float32, m*n)
+			gemmAVX(p, c, a, b)
+			if first == nil {
+				first = c
+			} else if !slices.EqualFunc(first, c, func(x, y float32) bool { return math.Float32bits(x) == math.Float32bits(y) }) {
+				t.Errorf("%v: GOMAXPROCS=%d gives different bits than GOMAXPROCS=1", s, procs)
 			}
 		}
 	}
