@@ -53,6 +53,9 @@ type device struct {
 		restoredAt uint64
 	}
 	stopErr error
+	// fuseFailed: a fused group failed other than by ErrNotImplemented
+	// (logged once).
+	fuseFailed bool
 }
 
 func newDevice(w *Worker, cfg Device) *device {
@@ -378,12 +381,13 @@ func (d *device) handle(msg jetstream.Msg) {
 	x := exec{d: d, s: s, seq: seq, reply: reply, enc: enc}
 	start, mem, n, closed := time.Now(), s.bytes, 0, false
 	f, _ := d.cfg.Backend.(fuser)
-	if d.w.cfg.NoFusion {
-		f = nil
+	var uses map[uint64][]int
+	if f != nil && !d.w.cfg.NoFusion {
+		uses = frameUses(frame.Ops)
 	}
 	for n < len(frame.Ops) && !closed {
-		if f != nil {
-			if k := x.fused(f, frame.Ops, n); k > 0 {
+		if uses != nil {
+			if k := x.fused(f, frame.Ops, uses, n); k > 0 {
 				n += k
 				continue
 			}

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"errors"
 	"slices"
 
 	"github.com/jetfabric/jetfabric/codec"
@@ -13,8 +14,12 @@ type fuser interface {
 	ExecFused(g *kernels.FusedGroup, in, out []*kernels.Tensor) error
 }
 
-// maxFused bounds the ops in one fused group.
-const maxFused = 64
+// maxFused bounds the ops in one fused group; maxFusedResults the tensors
+// it writes.
+const (
+	maxFused        = 64
+	maxFusedResults = 4
+)
 
 // elementwise reports whether op computes each output element from the
 // input elements at the same (broadcast) position: what a fused kernel
@@ -27,16 +32,40 @@ func elementwise(name string) bool {
 	return slices.Contains(kernels.Unary, name) || slices.Contains(kernels.Binary, name) || slices.Contains(kernels.Compare, name)
 }
 
-// planFusion finds the run of ops that starts at ops[start] and can run as
-// one fused group: at least two consecutive elementwise ops with one
-// output each, optionally closed by one reduction of a value the run
-// computed. It returns the end of the run (start when there is none) and,
-// for each op of the run, whether its output must be written. An output is
-// dropped only if the next op of the frame that names it is a free: then
-// no later op, read, frame or checkpoint can see it. Every other output is
-// kept, as executing the ops one by one would keep it; if every output is
-// freed so, the last is kept, as a group writes at least one.
-func planFusion(ops []codec.Op, start int) (end int, keep []bool) {
+// frameUses maps every tensor id a frame names to the indices of the ops
+// that name it (as input or output), in order. It is nil for a frame with
+// no free op: nothing in it can be dropped, so nothing is fused.
+func frameUses(ops []codec.Op) map[uint64][]int {
+	if !slices.ContainsFunc(ops, func(op codec.Op) bool { return op.Op == opFree }) {
+		return nil
+	}
+	uses := make(map[uint64][]int, 2*len(ops))
+	for i := range ops {
+		for _, id := range ops[i].In {
+			uses[id] = append(uses[id], i)
+		}
+		for _, id := range ops[i].Out {
+			uses[id] = append(uses[id], i)
+		}
+	}
+	return uses
+}
+
+// planFusion finds the run of ops that starts at ops[start] and is worth
+// running as one fused group: at least two consecutive elementwise ops
+// with one output each, optionally closed by one reduction of a value the
+// run computed, of which at least one output need not be written and at
+// most maxFusedResults must. It returns the end of the run (start when
+// there is none) and, for each op of the run, whether its output must be
+// written. An output is dropped only if the next op after the run that
+// names it is a free: then no later op, read, frame or checkpoint can see
+// it. Every other output is kept, as executing the ops one by one would
+// keep it. A run that drops nothing saves no memory traffic worth a
+// kernel of its own, so it is not fused. uses is frameUses(ops).
+func planFusion(ops []codec.Op, uses map[uint64][]int, start int) (end int, keep []bool) {
+	if uses == nil {
+		return start, nil
+	}
 	made := map[uint64]bool{}
 	end = start
 	for end < len(ops) && end-start < maxFused {
@@ -54,39 +83,46 @@ func planFusion(ops []codec.Op, start int) (end int, keep []bool) {
 		made[op.Out[0]] = true
 		end++
 	}
-	if end-start < 2 {
-		return start, nil
-	}
-	keep = make([]bool, end-start)
-	kept := false
-	for k := range keep {
-		id := ops[start+k].Out[0]
-		keep[k] = true
-		for j := end; j < len(ops); j++ {
-			if slices.Contains(ops[j].In, id) || slices.Contains(ops[j].Out, id) {
-				keep[k] = ops[j].Op != opFree
-				break
+	// The longest prefix of the run that drops something and keeps few.
+	for ; end-start >= 2; end-- {
+		keep = make([]bool, end-start)
+		kept, dropped := 0, 0
+		for k := range keep {
+			keep[k] = true
+			for _, j := range uses[ops[start+k].Out[0]] {
+				if j >= end {
+					keep[k] = ops[j].Op != opFree
+					break
+				}
+			}
+			if keep[k] {
+				kept++
+			} else {
+				dropped++
 			}
 		}
-		kept = kept || keep[k]
+		if dropped > 0 && kept == 0 {
+			keep[len(keep)-1], kept = true, 1 // a group writes at least one
+		}
+		if dropped > 0 && kept <= maxFusedResults {
+			return end, keep
+		}
 	}
-	if !kept {
-		keep[len(keep)-1] = true
-	}
-	return end, keep
+	return start, nil
 }
 
-// fused runs the run of ops at ops[start] as one group on f, if there is
+// fused runs the run of ops at ops[start] as one group on f (uses is
+// frameUses(ops)), if there is
 // such a run and every op of it would succeed: inputs that exist, fresh
 // output ids, shapes that Infer accepts, memory within the session's
 // limit. It returns the number of ops it ran, 0 when the caller must run
 // them one by one instead (no run, any problem, or the backend's
 // ErrNotImplemented), in which case the session is as it was.
-func (x *exec) fused(f fuser, ops []codec.Op, start int) (n int) {
-	if start+1 >= len(ops) || !elementwise(ops[start].Op) || !elementwise(ops[start+1].Op) {
+func (x *exec) fused(f fuser, ops []codec.Op, uses map[uint64][]int, start int) (n int) {
+	if uses == nil || start+1 >= len(ops) || !elementwise(ops[start].Op) || !elementwise(ops[start+1].Op) {
 		return 0
 	}
-	end, keep := planFusion(ops, start)
+	end, keep := planFusion(ops, uses, start)
 	if end == start {
 		return 0
 	}
@@ -156,6 +192,10 @@ func (x *exec) fused(f fuser, ops []codec.Op, start int) (n int) {
 	}
 	if err := f.ExecFused(g, in, out); err != nil {
 		x.release(out)
+		if !errors.Is(err, kernels.ErrNotImplemented) && !x.d.fuseFailed {
+			x.d.fuseFailed = true
+			x.d.w.logf("worker: %s: a fused group of %d ops failed, running its ops one by one (logged once): %v", x.d.cfg.Name, len(run), err)
+		}
 		return 0
 	}
 	for k, r := range g.Results {

@@ -23,31 +23,37 @@ func TestPlanFusion(t *testing.T) {
 		end   int
 		keep  []bool
 	}{
-		{"one op is no run", []codec.Op{op("exp", 2, 1), op("read", 0, 2)}, 0, 0, nil},
-		{"two ops, both kept", []codec.Op{op("exp", 2, 1), op("neg", 3, 2)}, 0, 2, []bool{true, true}},
+		{"one op is no run", []codec.Op{op("exp", 2, 1), free(1)}, 0, 0, nil},
+		{"no free in the frame, no run", []codec.Op{op("exp", 2, 1), op("neg", 3, 2)}, 0, 0, nil},
+		{"nothing dropped, no run", []codec.Op{op("exp", 2, 1), op("neg", 3, 2), free(1)}, 0, 0, nil},
 		{"freed intermediates dropped", []codec.Op{
 			op("mul", 3, 1, 2), op("add", 4, 3, 1), op("tanh", 5, 4), op("sum", 6, 5),
 			free(3, 4), op("read", 0, 6)}, 0, 4, []bool{false, false, true, true}},
 		{"a use before the free keeps", []codec.Op{
-			op("exp", 2, 1), op("neg", 3, 2), op("read", 0, 2), free(2)}, 0, 2, []bool{true, true}},
+			op("exp", 2, 1), op("neg", 3, 2), op("read", 0, 2), free(2)}, 0, 0, nil},
 		{"reuse of the id before the free keeps", []codec.Op{
-			op("exp", 2, 1), op("neg", 3, 2), op("exp", 2, 1), free(2)}, 0, 2, []bool{true, true}},
+			op("exp", 2, 1), op("neg", 3, 2), op("exp", 2, 1), free(2)}, 0, 0, nil},
 		{"all freed keeps the last", []codec.Op{
 			op("exp", 2, 1), op("neg", 3, 2), free(2, 3)}, 0, 2, []bool{false, true}},
 		{"stops at a matmul", []codec.Op{
-			op("upload", 1), op("exp", 2, 1), op("neg", 3, 2), op("matmul", 4, 3, 3), op("exp", 5, 4)}, 1, 3, []bool{true, true}},
+			op("upload", 1), op("exp", 2, 1), op("neg", 3, 2), op("matmul", 4, 3, 3), op("exp", 5, 4), free(2)}, 1, 3, []bool{false, true}},
 		{"reduction of an outside value ends the run before it", []codec.Op{
-			op("exp", 2, 1), op("neg", 3, 2), op("sum", 4, 1)}, 0, 2, []bool{true, true}},
+			op("exp", 2, 1), op("neg", 3, 2), op("sum", 4, 1), free(2)}, 0, 2, []bool{false, true}},
 		{"reduction closes the run", []codec.Op{
-			op("exp", 2, 1), op("neg", 3, 2), op("max", 4, 3), op("exp", 5, 4)}, 0, 3, []bool{true, true, true}},
-		{"a reduction alone starts no run", []codec.Op{op("exp", 2, 1), op("sum", 3, 2)}, 0, 0, nil},
+			op("exp", 2, 1), op("neg", 3, 2), op("max", 4, 3), op("exp", 5, 4), free(2, 3)}, 0, 3, []bool{false, false, true}},
+		{"a reduction alone starts no run", []codec.Op{op("exp", 2, 1), op("sum", 3, 2), free(2)}, 0, 0, nil},
 		{"a duplicate output ends the run", []codec.Op{
-			op("exp", 2, 1), op("neg", 3, 2), op("abs", 2, 3)}, 0, 2, []bool{true, true}},
+			op("exp", 2, 1), op("neg", 3, 2), op("abs", 2, 3), free(2)}, 0, 0, nil},
 		{"an op of two outputs ends the run", []codec.Op{
-			op("exp", 2, 1), op("neg", 3, 2), {Op: "add", Out: []uint64{4, 5}, In: []uint64{3, 3}}}, 0, 2, []bool{true, true}},
+			op("exp", 2, 1), op("neg", 3, 2), {Op: "add", Out: []uint64{4, 5}, In: []uint64{3, 3}}, free(2)}, 0, 2, []bool{false, true}},
+		{"too many results shrink the run", []codec.Op{
+			op("exp", 2, 1), op("neg", 3, 2), op("abs", 4, 3), op("exp", 5, 4), op("neg", 6, 5), op("abs", 7, 6), free(2)},
+			0, 5, []bool{false, true, true, true, true}},
+		{"a read after the run keeps", []codec.Op{
+			op("exp", 2, 1), op("neg", 3, 2), op("abs", 4, 3), op("read", 0, 3), free(2, 3)}, 0, 3, []bool{false, true, true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			end, keep := planFusion(tc.ops, tc.start)
+			end, keep := planFusion(tc.ops, frameUses(tc.ops), tc.start)
 			if tc.end == 0 {
 				tc.end = tc.start
 			}
