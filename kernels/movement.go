@@ -352,6 +352,9 @@ func inferUnsqueeze(op *Op, in []Meta) ([]Meta, error) {
 		return nil, fmt.Errorf("%w: unsqueeze needs axes", ErrAttr)
 	}
 	r := len(in[0].Shape) + len(op.Axes)
+	if r > 64 {
+		return nil, fmt.Errorf("%w: unsqueeze to rank %d", ErrTooLarge, r)
+	}
 	axes, err := NormAxes(op.Axes, r)
 	if err != nil {
 		return nil, fmt.Errorf("unsqueeze: %w", err)

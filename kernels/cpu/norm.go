@@ -14,11 +14,16 @@ func init() {
 	def(execBernoulli, 0, kernels.OpBernoulli)
 }
 
-// bcastOffsets returns, for each element of a tensor of shape out, the
-// offset of the element of a tensor of shape in (which broadcasts to out)
-// that it reads.
-func bcastOffsets(out, in []int) []int {
-	n := kernels.Numel(out)
+// bcastIter walks the elements of a tensor of shape out in order and
+// tracks the offset of the element of a tensor of shape in (which
+// broadcasts to out) that each one reads.
+type bcastIter struct {
+	out, st []int
+	pos     [maxRank]int
+	off     int
+}
+
+func newBcastIter(out, in []int) *bcastIter {
 	r, ir := len(out), len(in)
 	ist := strides(in)
 	st := make([]int, r)
@@ -27,22 +32,20 @@ func bcastOffsets(out, in []int) []int {
 			st[d] = ist[j]
 		}
 	}
-	offs := make([]int, n)
-	var pos [maxRank]int
-	o := 0
-	for j := range n {
-		offs[j] = o
-		for k := r - 1; k >= 0; k-- {
-			pos[k]++
-			o += st[k]
-			if pos[k] < out[k] {
-				break
-			}
-			o -= st[k] * out[k]
-			pos[k] = 0
+	return &bcastIter{out: out, st: st}
+}
+
+// next moves to the following element.
+func (it *bcastIter) next() {
+	for k := len(it.out) - 1; k >= 0; k-- {
+		it.pos[k]++
+		it.off += it.st[k]
+		if it.pos[k] < it.out[k] {
+			return
 		}
+		it.off -= it.st[k] * it.out[k]
+		it.pos[k] = 0
 	}
-	return offs
 }
 
 // execNorm runs layer_norm and rms_norm in float64 over groups of
@@ -65,12 +68,12 @@ func execNorm(b *Backend, op *kernels.Op, in, out []*kernels.Tensor) error {
 	}
 	xd, yd, dt := data(x), data(y), x.DType
 	var w, bias []byte
-	var woff, boff []int
+	var wi, bi *bcastIter
 	if len(in) > 1 {
-		w, woff = data(in[1]), bcastOffsets(x.Shape, in[1].Shape)
+		w, wi = data(in[1]), newBcastIter(x.Shape, in[1].Shape)
 	}
 	if len(in) > 2 {
-		bias, boff = data(in[2]), bcastOffsets(x.Shape, in[2].Shape)
+		bias, bi = data(in[2]), newBcastIter(x.Shape, in[2].Shape)
 	}
 	vals := make([]float64, g)
 	for base := 0; base < n; base += g {
@@ -93,10 +96,12 @@ func execNorm(b *Backend, op *kernels.Op, in, out []*kernels.Tensor) error {
 			j := base + i
 			r := (v - mean) * rstd
 			if w != nil {
-				r *= kernels.Value(dt, w, woff[j])
+				r *= kernels.Value(dt, w, wi.off)
+				wi.next()
 			}
 			if bias != nil {
-				r += kernels.Value(dt, bias, boff[j])
+				r += kernels.Value(dt, bias, bi.off)
+				bi.next()
 			}
 			kernels.PutValue(dt, yd, j, r)
 		}
@@ -120,11 +125,16 @@ func execLinspace(b *Backend, op *kernels.Op, in, out []*kernels.Tensor) error {
 		return err
 	}
 	y := out[0]
-	f := make([]float64, y.Numel())
-	for i := range f {
-		f[i] = kernels.LinspaceAt(op.Start, op.Stop, op.Num, i)
+	n := y.Numel()
+	var fb [castChunk]float64
+	for c := 0; c < n; c += castChunk {
+		e := min(c+castChunk, n)
+		f := fb[:e-c]
+		for i := range f {
+			f[i] = kernels.LinspaceAt(op.Start, op.Stop, op.Num, c+i)
+		}
+		storeFloat(data(y), y.DType, f, c, e)
 	}
-	storeFloat(data(y), y.DType, f, 0, len(f))
 	return nil
 }
 
