@@ -160,8 +160,8 @@ func (f *workerFlags) config(logf func(string, ...any)) (worker.Config, error) {
 	if f.devices != "" {
 		names = strings.Split(f.devices, ",")
 	} else {
-		if f.cpus < 0 || f.cpus == 0 && f.jobs == "" && !f.wantGPUs() {
-			return cfg, fmt.Errorf("-cpus %d: want at least 1 (or 0 with -jobs or -gpus)", f.cpus)
+		if f.cpus < 0 || f.cpus == 0 && f.jobs == "" && !f.haveGPUs() {
+			return cfg, fmt.Errorf("-cpus %d: want at least 1 (or 0 with -jobs, or with -gpus where there are GPUs)", f.cpus)
 		}
 		for i := range f.cpus {
 			names = append(names, fmt.Sprintf("cpu-%d", i))

@@ -13,6 +13,19 @@ import (
 // wantGPUs reports whether -gpus asks for any GPU.
 func (f *workerFlags) wantGPUs() bool { return f.gpus != "" && f.gpus != "none" && f.gpus != "0" }
 
+// haveGPUs reports whether -gpus asks for GPUs and NVML finds at least one.
+func (f *workerFlags) haveGPUs() bool {
+	if !f.wantGPUs() {
+		return false
+	}
+	n, err := worker.OpenNVML()
+	if err != nil {
+		return false
+	}
+	defer n.Close()
+	return len(n.GPUs()) > 0
+}
+
 // gpuCount parses -gpus: -1 for all, else the number asked for.
 func (f *workerFlags) gpuCount() (int, error) {
 	switch f.gpus {
