@@ -12,6 +12,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetfabric/jetfabric/broker/brokertest"
 	"github.com/jetfabric/jetfabric/codec"
@@ -137,7 +138,10 @@ func TestNVMLRegistryAndTelemetry(t *testing.T) {
 			t.Fatalf("telemetry from %d devices in 10s: %v", len(seen), seen)
 		}
 	}
-	js := jsOf(t, nc)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
 	kv, err := js.KeyValue(context.Background(), names.CtrlBucket())
 	if err != nil {
 		t.Fatal(err)
