@@ -137,7 +137,11 @@ func (d *device) takeOver(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("worker: consumer for %s: %w", d.cfg.Name, err)
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(256))
+	// The iterator notices missing heartbeats only within one Next call:
+	// with heartbeats every second and Next waiting up to nextWait, a
+	// consumer lost with its server (a cluster node killed) is detected
+	// and recreated after the last applied frame.
+	it, err := cons.Messages(jetstream.PullMaxMessages(256), jetstream.PullHeartbeat(time.Second))
 	if err != nil {
 		return fmt.Errorf("worker: consume %s: %w", d.cfg.Name, err)
 	}
@@ -231,6 +235,10 @@ func (d *device) serving() bool {
 	return l != nil && l.held()
 }
 
+// nextWait bounds one wait for a frame: more than twice the consumer's
+// heartbeat, so a missing heartbeat is seen, and well under stallAfter.
+const nextWait = 3 * time.Second
+
 // run consumes frames in stream order until halt.
 func (d *device) run() {
 	d.mu.Lock()
@@ -243,7 +251,7 @@ func (d *device) run() {
 	lastCkpt := idleCheck
 	d.loopAt.Store(idleCheck.UnixNano())
 	for {
-		msg, err := it.Next(jetstream.NextMaxWait(time.Second))
+		msg, err := it.Next(jetstream.NextMaxWait(nextWait))
 		switch {
 		case err == nil:
 			d.handle(msg)
