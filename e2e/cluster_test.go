@@ -99,7 +99,7 @@ func TestComposeCluster(t *testing.T) {
 		publish(-k, codec.Frame{V: codec.Version, Ops: []codec.Op{{Op: "read", In: []uint64{id(k)}, Tag: uint64(k + 1)}}})
 		m, err := inbox.NextMsg(within)
 		if err != nil {
-			t.Fatalf("read after %d adds: no reply in %v: %v", k, within, err)
+			t.Fatalf("read after %d adds: no reply in %v: %v\nconsumers of %s:\n%s", k, within, err, names.OpsStream(), consumers(js, names.OpsStream()))
 		}
 		enc, _ := codec.EncodingOf(m.Header.Get(subjects.HeaderContentType))
 		var r codec.Result
@@ -119,17 +119,7 @@ func TestComposeCluster(t *testing.T) {
 	for k := 1; k <= total; k++ {
 		if k == killAt {
 			read(k-1, 30*time.Second) // the worker applies the stream
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			s, err := js.Stream(ctx, names.OpsStream())
-			cancel()
-			if err != nil {
-				t.Fatal(err)
-			}
-			info := s.CachedInfo()
-			if info.Cluster == nil || info.Cluster.Leader == "" || len(info.Cluster.Replicas) != 2 {
-				t.Fatalf("ops stream is not replicated on three nodes: %+v", info.Cluster)
-			}
-			leader = info.Cluster.Leader
+			leader = replicated(t, js, names.OpsStream())
 			ids := p.containers(leader)
 			if len(ids) != 1 {
 				t.Fatalf("container of %s: %v", leader, ids)
@@ -159,5 +149,56 @@ func TestComposeCluster(t *testing.T) {
 		if ci.Leader == leader {
 			t.Errorf("the killed node %s still leads the ops stream", leader)
 		}
+	}
+}
+
+// consumers describes a stream's consumers: where each runs and how far it
+// delivered.
+func consumers(js jetstream.JetStream, stream string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return err.Error()
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "stream: last sequence %d, leader %v\n", s.CachedInfo().State.LastSeq, s.CachedInfo().Cluster)
+	l := s.ListConsumers(ctx)
+	for ci := range l.Info() {
+		leader := ""
+		if ci.Cluster != nil {
+			leader = ci.Cluster.Leader
+		}
+		fmt.Fprintf(&b, "%s: on %s, delivered stream seq %d, pending %d, waiting pulls %d, filter %q\n",
+			ci.Name, leader, ci.Delivered.Stream, ci.NumPending, ci.NumWaiting, ci.Config.FilterSubject)
+	}
+	if err := l.Err(); err != nil {
+		fmt.Fprintf(&b, "list: %v\n", err)
+	}
+	return b.String()
+}
+
+// replicated waits until the stream has a leader and two current replicas
+// (a node may still be restarting after a slow start), and returns the
+// leader's name.
+func replicated(t *testing.T, js jetstream.JetStream, stream string) string {
+	t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		s, err := js.Stream(ctx, stream)
+		cancel()
+		var ci *jetstream.ClusterInfo
+		if err == nil {
+			ci = s.CachedInfo().Cluster
+			if ci != nil && ci.Leader != "" && len(ci.Replicas) == 2 && ci.Replicas[0].Current && ci.Replicas[1].Current &&
+				!ci.Replicas[0].Offline && !ci.Replicas[1].Offline {
+				return ci.Leader
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ops stream not on three current nodes after 90s: %v %+v", err, ci)
+		}
+		time.Sleep(500 * time.Millisecond)
 	}
 }
