@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetfabric/jetfabric/codec"
+	"github.com/jetfabric/jetfabric/kernels"
 	"github.com/jetfabric/jetfabric/subjects"
 )
 
@@ -35,6 +36,11 @@ type device struct {
 	mu    sync.Mutex
 	iter  jetstream.MessagesContext
 	lease *lease
+
+	// host runs the ops the backend declines (see hostFallback); fellBack
+	// names those ops, to say so once each. Device loop only.
+	host     kernels.Backend
+	fellBack map[string]bool
 
 	// Checkpoint state, touched by the device loop only.
 	ckptSeq    uint64 // sequence of the last committed checkpoint

@@ -237,7 +237,7 @@ func (x *exec) compute(op *codec.Op) error {
 			return err
 		}
 	}
-	if err := x.d.cfg.Backend.Exec(kop, in, out); err != nil {
+	if err := x.d.execOn(kop, in, out); err != nil {
 		x.release(out)
 		return err
 	}
