@@ -54,8 +54,18 @@ func spawn(t *testing.T, args ...string) (*exec.Cmd, *output) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		// A paused process would never see the SIGTERM: resume it first,
+		// and kill it if it does not stop in time.
+		_ = cmd.Process.Signal(syscall.SIGCONT)
 		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
 	})
 	return cmd, out
 }

@@ -64,7 +64,7 @@ func startBroker(ctx context.Context, cfg broker.Config) (*broker.Broker, error)
 }
 
 func shutdown(b *broker.Broker, w *worker.Worker) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
 	defer cancel()
 	var err error
 	if w != nil {
@@ -204,7 +204,7 @@ func startFabric(ctx context.Context, bf brokerFlags, wf workerFlags, logw io.Wr
 }
 
 func (f *fabric) close() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
 	defer cancel()
 	err := f.w.Stop(ctx)
 	f.closeGPUs()
@@ -254,3 +254,7 @@ func newWorker(ctx context.Context, nc *nats.Conn, cfg worker.Config) (*worker.W
 	}
 	return w, nil
 }
+
+// stopTimeout bounds a clean stop: each serving device writes a last
+// checkpoint and gives its lease up, which takes longer on a busy broker.
+const stopTimeout = 30 * time.Second
