@@ -14,8 +14,8 @@ import (
 	"github.com/jetfabric/jetfabric/broker"
 	"github.com/jetfabric/jetfabric/broker/brokertest"
 	"github.com/jetfabric/jetfabric/client"
-	"github.com/jetfabric/jetfabric/kernels/cpu"
 	"github.com/jetfabric/jetfabric/worker"
+	"github.com/jetfabric/jetfabric/worker/workertest"
 )
 
 // workers starts a broker and n workers, each serving one CPU device
@@ -24,23 +24,13 @@ import (
 func workers(b testing.TB, n int) (*broker.Broker, *client.Client) {
 	b.Helper()
 	br := brokertest.Run(b, func(c *broker.Config) { c.Provision.XferMaxBytes = 20 << 30 })
-	for i := range n {
-		nc, err := nats.Connect(br.ClientURL())
-		if err != nil {
-			b.Fatal(err)
-		}
-		cfg := worker.DefaultConfig()
-		cfg.ID = fmt.Sprintf("w%d", i)
-		cfg.CheckpointInterval = 0
-		cfg.Devices = []worker.Device{{Name: fmt.Sprintf("cpu-%d", i), Kind: "cpu", Backend: cpu.New()}}
-		w, err := worker.New(nc, cfg)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := w.Start(context.Background()); err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { w.Stop(context.Background()); nc.Close() })
+	for i, d := range workertest.CPUs(n) {
+		d.Name = fmt.Sprintf("cpu-%d", i)
+		workertest.Run(b, br, []worker.Device{d}, func(c *worker.Config) {
+			c.ID = fmt.Sprintf("w%d", i)
+			c.CheckpointInterval = 0
+			c.Logf = nil
+		})
 	}
 	c, err := client.Connect(br.ClientURL())
 	if err != nil {

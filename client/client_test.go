@@ -8,14 +8,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/jetfabric/jetfabric/broker"
 	"github.com/jetfabric/jetfabric/broker/brokertest"
 	"github.com/jetfabric/jetfabric/client"
 	"github.com/jetfabric/jetfabric/codec"
-	"github.com/jetfabric/jetfabric/kernels/cpu"
 	"github.com/jetfabric/jetfabric/worker"
+	"github.com/jetfabric/jetfabric/worker/workertest"
 )
 
 // fabric starts a broker and a worker serving cpu-0 and cpu-1, and returns
@@ -23,34 +21,12 @@ import (
 func fabric(t testing.TB, opts ...client.Option) (*broker.Broker, *client.Client) {
 	t.Helper()
 	b := brokertest.Run(t)
-	nc, err := nats.Connect(b.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := worker.DefaultConfig()
-	cfg.Heartbeat = 200 * time.Millisecond
-	cfg.Devices = []worker.Device{
-		{Name: "cpu-0", Kind: "cpu", Backend: cpu.New()},
-		{Name: "cpu-1", Kind: "cpu", Backend: cpu.New()},
-	}
-	w, err := worker.New(nc, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	workertest.Run(t, b, workertest.CPUs(2), func(c *worker.Config) { c.Heartbeat = 200 * time.Millisecond })
 	c, err := client.Connect(b.ClientURL(), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		c.Close()
-		if err := w.Stop(context.Background()); err != nil {
-			t.Error(err)
-		}
-		nc.Close()
-	})
+	t.Cleanup(func() { c.Close() })
 	return b, c
 }
 

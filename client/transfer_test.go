@@ -16,34 +16,19 @@ import (
 	"github.com/jetfabric/jetfabric/broker/brokertest"
 	"github.com/jetfabric/jetfabric/client"
 	"github.com/jetfabric/jetfabric/codec"
-	"github.com/jetfabric/jetfabric/kernels/cpu"
-	"github.com/jetfabric/jetfabric/worker"
+	"github.com/jetfabric/jetfabric/worker/workertest"
 )
 
 // devices starts a broker and a worker serving n CPU devices.
 func devices(t testing.TB, n int) (*broker.Broker, *client.Client) {
 	t.Helper()
 	b := brokertest.Run(t)
-	nc, err := nats.Connect(b.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := worker.DefaultConfig()
-	for i := range n {
-		cfg.Devices = append(cfg.Devices, worker.Device{Name: fmt.Sprintf("cpu-%d", i), Kind: "cpu", Backend: cpu.New()})
-	}
-	w, err := worker.New(nc, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	workertest.Run(t, b, workertest.CPUs(n))
 	c, err := client.Connect(b.ClientURL())
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { c.Close(); w.Stop(context.Background()); nc.Close() })
+	t.Cleanup(func() { c.Close() })
 	return b, c
 }
 

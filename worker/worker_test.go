@@ -18,38 +18,14 @@ import (
 	"github.com/jetfabric/jetfabric/kernels/cpu"
 	"github.com/jetfabric/jetfabric/subjects"
 	"github.com/jetfabric/jetfabric/worker"
+	"github.com/jetfabric/jetfabric/worker/workertest"
 )
 
 // startWorker runs a worker serving cpu-0 against b.
 func startWorker(t testing.TB, b *broker.Broker, edit ...func(*worker.Config)) *worker.Worker {
 	t.Helper()
-	nc, err := nats.Connect(b.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := worker.DefaultConfig()
-	cfg.Heartbeat = 100 * time.Millisecond
-	cfg.Devices = []worker.Device{{Name: "cpu-0", Kind: "cpu", Backend: cpu.New()}}
-	cfg.Logf = t.Logf
-	for _, e := range edit {
-		e(&cfg)
-	}
-	w, err := worker.New(nc, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := w.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := w.Stop(context.Background()); err != nil {
-			t.Errorf("stop: %v", err)
-		}
-		nc.Close()
-	})
-	return w
+	fast := func(c *worker.Config) { c.Heartbeat = 100 * time.Millisecond }
+	return workertest.Run(t, b, workertest.CPUs(1), append([]func(*worker.Config){fast}, edit...)...)
 }
 
 // rawSession speaks the wire protocol directly, as any NATS client would.

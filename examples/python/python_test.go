@@ -9,12 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/jetfabric/jetfabric/broker"
 	"github.com/jetfabric/jetfabric/broker/brokertest"
-	"github.com/jetfabric/jetfabric/kernels/cpu"
-	"github.com/jetfabric/jetfabric/worker"
+	"github.com/jetfabric/jetfabric/worker/workertest"
 )
 
 // startFabric runs a broker and a worker serving cpu-0 and returns the
@@ -22,28 +19,7 @@ import (
 func startFabric(t *testing.T, edit ...func(*broker.Config)) string {
 	t.Helper()
 	b := brokertest.Run(t, edit...)
-	nc, err := nats.Connect(b.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := worker.DefaultConfig()
-	cfg.Devices = []worker.Device{{Name: "cpu-0", Kind: "cpu", Backend: cpu.New()}}
-	cfg.Logf = t.Logf
-	w, err := worker.New(nc, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := w.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := w.Stop(context.Background()); err != nil {
-			t.Errorf("stop: %v", err)
-		}
-		nc.Close()
-	})
+	workertest.Run(t, b, workertest.CPUs(1))
 	return b.ClientURL()
 }
 

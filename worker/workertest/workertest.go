@@ -1,0 +1,61 @@
+// Package workertest starts real jetfabric workers for tests: each on its
+// own NATS connection to a broker (see broker/brokertest), serving CPU
+// devices, stopped when the test ends.
+package workertest
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/jetfabric/jetfabric/broker"
+	"github.com/jetfabric/jetfabric/kernels/cpu"
+	"github.com/jetfabric/jetfabric/worker"
+)
+
+// CPUs returns n CPU devices named cpu-0 ... cpu-(n-1).
+func CPUs(n int) []worker.Device {
+	devs := make([]worker.Device, n)
+	for i := range devs {
+		devs[i] = worker.Device{Name: fmt.Sprintf("cpu-%d", i), Kind: "cpu", Backend: cpu.New()}
+	}
+	return devs
+}
+
+// Run starts a worker serving devices on b, with the default configuration
+// changed by edit, and returns once its devices serve. The worker logs to
+// t.
+func Run(t testing.TB, b *broker.Broker, devices []worker.Device, edit ...func(*worker.Config)) *worker.Worker {
+	t.Helper()
+	nc, err := nats.Connect(b.ClientURL())
+	if err != nil {
+		t.Fatalf("workertest: %v", err)
+	}
+	cfg := worker.DefaultConfig()
+	cfg.Devices = devices
+	cfg.Logf = t.Logf
+	for _, e := range edit {
+		e(&cfg)
+	}
+	w, err := worker.New(nc, cfg)
+	if err != nil {
+		nc.Close()
+		t.Fatalf("workertest: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := w.Start(ctx); err != nil {
+		nc.Close()
+		t.Fatalf("workertest: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := w.Stop(context.Background()); err != nil {
+			t.Errorf("workertest: stop: %v", err)
+		}
+		nc.Close()
+	})
+	return w
+}
