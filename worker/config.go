@@ -70,6 +70,9 @@ type Config struct {
 	// Jobs are the kinds of jobs the worker takes. A worker needs at
 	// least one device or one kind of job.
 	Jobs []Jobs
+	// Adopt, if set, makes the worker take over devices of a kind whose
+	// worker died (see Adopt).
+	Adopt *Adopt
 	// Limits on client input.
 	Limits Limits
 	// IdleTimeout frees a session with no frames for this long (0: never).
@@ -116,6 +119,11 @@ func (c Config) Validate() error {
 	}
 	if len(c.Devices) == 0 && len(c.Jobs) == 0 {
 		return fmt.Errorf("%w: no devices and no jobs", ErrInvalidConfig)
+	}
+	if c.Adopt != nil {
+		if err := c.Adopt.validate(); err != nil {
+			return err
+		}
 	}
 	kinds := map[string]bool{}
 	for _, j := range c.Jobs {

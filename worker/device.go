@@ -37,6 +37,10 @@ type device struct {
 	iter  jetstream.MessagesContext
 	lease *lease
 
+	// adopting: the device was taken over from a dead worker (see Adopt);
+	// it gives up rather than stand by when another worker holds it.
+	adopting bool
+
 	// host runs the ops the backend declines (see hostFallback); fellBack
 	// names those ops, to say so once each. Device loop only.
 	host     kernels.Backend
@@ -77,10 +81,19 @@ func (d *device) serve(ready chan<- error) {
 	once := sync.OnceFunc(func() { ready <- nil })
 	defer once()
 	for {
-		l, err := acquireLease(w.ctx, w.js, w.ctrl, w.names, d.cfg.Name, w.cfg.ID, w.cfg.LeaseTTL, func(holder string) {
-			w.logf("worker: %s: standby, the lease is held by %s", d.cfg.Name, holder)
+		actx, acancel := w.ctx, context.CancelFunc(func() {})
+		if d.adopting {
+			// The orphan's lease is taken over after one TTL unrenewed;
+			// past three, another worker has it.
+			actx, acancel = context.WithTimeout(w.ctx, 3*w.cfg.LeaseTTL)
+		}
+		l, err := acquireLease(actx, w.js, w.ctrl, w.names, d.cfg.Name, w.cfg.ID, w.cfg.LeaseTTL, func(holder string) {
+			if !d.adopting {
+				w.logf("worker: %s: standby, the lease is held by %s", d.cfg.Name, holder)
+			}
 			once()
 		})
+		acancel()
 		if err != nil {
 			d.close() // stopped while standing by
 			return
@@ -119,6 +132,10 @@ func (d *device) serve(ready chan<- error) {
 		}
 		w.logf("worker: %s: lease lost; stepping down to standby", d.cfg.Name)
 		d.stepDown(false)
+		if d.adopting {
+			d.close()
+			return
+		}
 	}
 }
 

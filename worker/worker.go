@@ -30,7 +30,12 @@ type Worker struct {
 
 	devices []*device
 	jobs    []*jobLoop
-	svc     micro.Service // see micro.go
+
+	adoptMu sync.Mutex
+	adopted []*device // devices taken over from dead workers (see Adopt)
+	// adoptErrs are the clean-stop errors of adopted devices.
+	adoptErrs []error
+	svc       micro.Service // see micro.go
 
 	stopOnce sync.Once
 	stop     chan struct{}
@@ -103,6 +108,9 @@ func (w *Worker) Start(ctx context.Context) error {
 		w.wg.Go(l.run)
 	}
 	w.wg.Go(w.heartbeat)
+	if w.cfg.Adopt != nil {
+		w.wg.Go(w.adoptLoop)
+	}
 	if w.cfg.TelemetryInterval > 0 && slices.ContainsFunc(w.devices, func(d *device) bool { return d.cfg.Telemetry != nil }) {
 		w.wg.Go(w.telemetry)
 	}
@@ -148,7 +156,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 		w.stopService()
 		close(w.stop)
 		w.cancel()
-		for _, d := range w.devices {
+		for _, d := range w.allDevices() {
 			d.halt()
 		}
 		for _, j := range w.jobs {
@@ -166,6 +174,9 @@ func (w *Worker) Stop(ctx context.Context) error {
 	for _, d := range w.devices {
 		errs = append(errs, d.stopErr)
 	}
+	w.adoptMu.Lock()
+	errs = append(errs, w.adoptErrs...)
+	w.adoptMu.Unlock()
 	return errors.Join(errs...)
 }
 
@@ -185,7 +196,7 @@ func (w *Worker) heartbeat() {
 	t := time.NewTicker(w.cfg.Heartbeat)
 	defer t.Stop()
 	for {
-		for _, d := range w.devices {
+		for _, d := range w.allDevices() {
 			if !d.serving() {
 				continue
 			}

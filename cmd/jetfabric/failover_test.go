@@ -304,3 +304,74 @@ func TestJobsSurviveAKill(t *testing.T) {
 	}
 	t.Logf("1000 jobs by worker %v, %d completed on a second delivery", by, redelivered)
 }
+
+// TestAdoptedDeviceCarriesOn: identical workers claim their slots and
+// adopt each other's; one is SIGKILLed mid-stream and its session carries
+// on, on a survivor, with the same bits.
+func TestAdoptedDeviceCarriesOn(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills worker processes; skipped in -short")
+	}
+	b := brokertest.Run(t)
+	args := []string{"worker", "--url", b.ClientURL(), "--claim", "cpu", "--adopt", "--lease-ttl", "500ms", "--checkpoint-interval", "300ms"}
+	first, out1 := spawn(t, append(args, "--id", "a1")...)
+	waitDevice(t, b.ClientURL(), "cpu-0")
+	_, out2 := spawn(t, append(args, "--id", "a2")...)
+	waitDevice(t, b.ClientURL(), "cpu-1")
+	c, err := client.Connect(b.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var device string
+	for _, d := range mustDevices(t, c) {
+		if d.Worker == "a1" {
+			device = d.Name
+		}
+	}
+	clean, err := c.Open(ctx, device)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := program(ctx, clean, 3000, 100, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clean.Close(ctx)
+	s, err := c.Open(ctx, device)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := program(ctx, s, 3000, 100, func(k int) {
+		if k == 10 {
+			_ = first.Process.Signal(syscall.SIGKILL)
+		}
+	})
+	if err != nil {
+		t.Fatalf("%v\n--- a1:\n%s\n--- a2:\n%s", err, out1.String(), out2.String())
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("read %d differs after the adoption", i)
+		}
+	}
+	if !strings.Contains(out2.String(), device+": adopting") {
+		t.Fatalf("a2 did not adopt %s:\n%s", device, out2.String())
+	}
+	for _, d := range mustDevices(t, c) {
+		if d.Name == device && d.Worker != "a2" {
+			t.Errorf("%s is served by %q, want a2", device, d.Worker)
+		}
+	}
+}
+
+func mustDevices(t *testing.T, c *client.Client) []client.Device {
+	t.Helper()
+	devs, err := c.Devices(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return devs
+}

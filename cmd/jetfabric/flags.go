@@ -13,6 +13,7 @@ import (
 
 	"github.com/jetfabric/jetfabric/broker"
 	"github.com/jetfabric/jetfabric/client"
+	"github.com/jetfabric/jetfabric/kernels"
 	"github.com/jetfabric/jetfabric/kernels/cpu"
 	"github.com/jetfabric/jetfabric/worker"
 )
@@ -107,6 +108,7 @@ type workerFlags struct {
 	checkpoint time.Duration // 0: the worker default; negative: only on request
 	jobs       string
 	jobAckWait time.Duration
+	adopt      bool
 	gpus       string // all, N or none; "" (a literal workerFlags) is none
 	tf32       bool
 	noFusion   bool
@@ -121,6 +123,7 @@ func (f *workerFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.noFusion, "no-fusion", false, "run every op by itself, even where the backend could fuse runs of elementwise ops")
 	fs.BoolVar(&f.tf32, "tf32", false, "let float32 matmuls on GPUs use TF32 tensor cores (faster, about 1e-3 relative error)")
 	fs.StringVar(&f.jobs, "jobs", "", "also take jobs of this device kind from the jobs stream (cpu); with -cpus 0, only jobs")
+	fs.BoolVar(&f.adopt, "adopt", false, "also take over cpu devices whose worker died (lease unrenewed for two TTLs, or stopped with sessions), restoring and replaying them; for replicas of one service")
 	fs.DurationVar(&f.jobAckWait, "job-ack-wait", 10*time.Second, "a job unacknowledged this long (its worker died) goes to another worker")
 	fs.DurationVar(&f.leaseTTL, "lease-ttl", time.Second, "device lease TTL: a standby takes a device over this long after its worker stops renewing")
 	f.checkpoint = 30 * time.Second
@@ -169,6 +172,9 @@ func (f *workerFlags) config(logf func(string, ...any)) (worker.Config, error) {
 	}
 	for _, n := range names {
 		cfg.Devices = append(cfg.Devices, worker.Device{Name: n, Kind: "cpu", Backend: cpu.New(), Cores: cpuCores()})
+	}
+	if f.adopt {
+		cfg.Adopt = &worker.Adopt{Kind: "cpu", NewBackend: func() (kernels.Backend, error) { return cpu.New(), nil }}
 	}
 	switch f.jobs {
 	case "":
