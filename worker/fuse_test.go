@@ -3,6 +3,7 @@ package worker_test
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 
@@ -98,33 +99,13 @@ func TestFusion(t *testing.T) {
 			sid := fmt.Sprintf("f%v", refuse)
 			plain := newRaw(t, b, "fabric.ops.cpu-0."+sid)
 			fused := newRaw(t, b, "fabric.ops.cpu-1."+sid)
-			frames := []string{
-				`{"v":1,"ops":[
-				{"op":"upload","out":[1],"dtype":"f32","shape":[4,3],"values":[1,-2,3,0.5,5,-6,7,8,0.25,-10,11,12]},
-				{"op":"upload","out":[2],"dtype":"f32","shape":[3],"values":[0.5,-1.5,2]},
-				{"op":"mul","out":[3],"in":[1,2]},
-				{"op":"add","out":[4],"in":[3,1]},
-				{"op":"tanh","out":[5],"in":[4]},
-				{"op":"sub","out":[6],"in":[5,2]},
-				{"op":"sum","out":[7],"in":[6],"axes":[1]},
-				{"op":"free","in":[3,4]},
-				{"op":"read","in":[6],"tag":1}]}`,
-				`{"v":1,"ops":[{"op":"read","in":[7],"tag":2}]}`,
-				`{"v":1,"ops":[{"op":"read","in":[5],"tag":3}]}`,
-				`{"v":1,"ops":[{"op":"read","in":[3],"tag":4}]}`,
-				// A shape error inside a run: the same error from both.
-				`{"v":1,"ops":[
-				{"op":"upload","out":[10],"dtype":"f32","shape":[2],"values":[1,2]},
-				{"op":"exp","out":[11],"in":[10]},
-				{"op":"add","out":[12],"in":[11,1]},
-				{"op":"neg","out":[13],"in":[12]},
-				{"op":"read","in":[13],"tag":5}]}`,
+			frames := append(slices.Clone(fusionFrames),
 				// A cast and a comparison in a run.
 				`{"v":1,"ops":[
 				{"op":"cast","out":[20],"in":[1],"dtype":"f64"},
 				{"op":"gt","out":[21],"in":[20,20]},
 				{"op":"read","in":[21],"tag":6}]}`,
-			}
+			)
 			for i, fr := range frames {
 				plain.sendJSON(fr)
 				fused.sendJSON(fr)

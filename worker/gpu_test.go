@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 
@@ -50,26 +51,7 @@ func TestGPUFabric(t *testing.T) {
 	})
 	plain := newRaw(t, b, "fabric.ops.cpu-0.g")
 	gpu := newRaw(t, b, "fabric.ops.gpu-0.g")
-	frames := []string{
-		`{"v":1,"ops":[
-		{"op":"upload","out":[1],"dtype":"f32","shape":[4,3],"values":[1,-2,3,0.5,5,-6,7,8,0.25,-10,11,12]},
-		{"op":"upload","out":[2],"dtype":"f32","shape":[3],"values":[0.5,-1.5,2]},
-		{"op":"mul","out":[3],"in":[1,2]},
-		{"op":"add","out":[4],"in":[3,1]},
-		{"op":"tanh","out":[5],"in":[4]},
-		{"op":"sub","out":[6],"in":[5,2]},
-		{"op":"sum","out":[7],"in":[6],"axes":[1]},
-		{"op":"free","in":[3,4]},
-		{"op":"read","in":[6],"tag":1}]}`,
-		`{"v":1,"ops":[{"op":"read","in":[7],"tag":2}]}`,
-		`{"v":1,"ops":[{"op":"read","in":[5],"tag":3}]}`,
-		`{"v":1,"ops":[{"op":"read","in":[3],"tag":4}]}`,
-		`{"v":1,"ops":[
-		{"op":"upload","out":[10],"dtype":"f32","shape":[2],"values":[1,2]},
-		{"op":"exp","out":[11],"in":[10]},
-		{"op":"add","out":[12],"in":[11,1]},
-		{"op":"neg","out":[13],"in":[12]},
-		{"op":"read","in":[13],"tag":5}]}`,
+	frames := append(slices.Clone(fusionFrames),
 		// The bench's 8-op chain over 1M values, freed intermediates, then
 		// its max.
 		`{"v":1,"ops":[
@@ -94,7 +76,7 @@ func TestGPUFabric(t *testing.T) {
 		{"op":"sqrt","out":[44],"in":[43]},
 		{"op":"max","out":[45],"in":[44],"axes":[0]},
 		{"op":"read","in":[45],"tag":7}]}`,
-	}
+	)
 	for i, fr := range frames {
 		plain.sendJSON(fr)
 		gpu.sendJSON(fr)
