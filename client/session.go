@@ -40,7 +40,14 @@ type Session struct {
 	last   jetstream.PubAckFuture
 	// record: a job being built; ops are kept, never sent (see NewJob).
 	record bool
+	// replies receives every answer on the inbox; see route.
+	replies chan *nats.Msg
 }
+
+// replyBuffer bounds the answers held while nobody waits in call (answers
+// to undecodable frames, and the answers a worker that took the device over
+// gives again). Past it they are dropped: the ones that matter are waited for.
+const replyBuffer = 4096
 
 func newSession(c *Client, device string) (*Session, error) {
 	var b [16]byte
@@ -54,7 +61,11 @@ func newSession(c *Client, device string) (*Session, error) {
 		inbox:   c.names.InboxPrefix() + "." + id,
 		waiters: map[uint64]chan *codec.Result{},
 	}
-	sub, err := c.nc.Subscribe(s.inbox, s.onReply)
+	// Replies land in a channel that the goroutines waiting in call read
+	// themselves: the connection's reader hands a reply straight to its
+	// waiter, with no dispatching goroutine between them.
+	s.replies = make(chan *nats.Msg, replyBuffer)
+	sub, err := c.nc.ChanSubscribe(s.inbox, s.replies)
 	if err != nil {
 		return nil, fmt.Errorf("client: subscribe %s: %w", s.inbox, err)
 	}
@@ -68,7 +79,8 @@ func (s *Session) Device() string { return s.device }
 // ID is the session token (the last token of its op subject).
 func (s *Session) ID() string { return s.id }
 
-func (s *Session) onReply(m *nats.Msg) {
+// route hands an answer to the call waiting for its tag.
+func (s *Session) route(m *nats.Msg) {
 	enc, _ := codec.EncodingOf(m.Header.Get(subjects.HeaderContentType))
 	var r codec.Result
 	if err := codec.Unmarshal(enc, m.Data, &r); err != nil {
@@ -217,15 +229,19 @@ func (s *Session) call(ctx context.Context, op codec.Op) (*codec.Result, error) 
 	if last != nil {
 		ackErr = last.Err()
 	}
-	select {
-	case r := <-ch:
-		return r, s.collect(r.Errors)
-	case err := <-ackErr:
-		s.drop(op.Tag)
-		return nil, errors.Join(s.collect(nil), fmt.Errorf("%w: %v", ErrPublish, err))
-	case <-ctx.Done():
-		s.drop(op.Tag)
-		return nil, fmt.Errorf("client: %s on %s: %w", op.Op, s.device, ctx.Err())
+	for {
+		select {
+		case r := <-ch:
+			return r, s.collect(r.Errors)
+		case m := <-s.replies:
+			s.route(m)
+		case err := <-ackErr:
+			s.drop(op.Tag)
+			return nil, errors.Join(s.collect(nil), fmt.Errorf("%w: %v", ErrPublish, err))
+		case <-ctx.Done():
+			s.drop(op.Tag)
+			return nil, fmt.Errorf("client: %s on %s: %w", op.Op, s.device, ctx.Err())
+		}
 	}
 }
 
