@@ -9,7 +9,7 @@ IMAGE    ?= jetfabric:latest
 COMPOSE  ?= $(shell docker compose version >/dev/null 2>&1 && echo docker compose || echo docker-compose)
 SCALE    ?= 1
 
-.PHONY: all build build-gpu demo up test test-race test-nocgo test-gpu vet fmt-check fuzz bench lint tidy clean tools \
+.PHONY: all build build-gpu demo up down up-embedded test test-race test-nocgo test-gpu vet fmt-check fuzz bench lint tidy clean tools \
 	images compose-up compose-down test-e2e bench-scale
 
 all: build
@@ -26,8 +26,8 @@ build-gpu:
 demo:
 	$(GO) run ./cmd/jetfabric demo
 
-## up: embedded broker and CPU workers on 127.0.0.1:4222, store in ./.jetfabric
-up:
+## up-embedded: broker and CPU workers in this one process on 127.0.0.1:4222, store in ./.jetfabric
+up-embedded:
 	$(GO) run ./cmd/jetfabric up --store .jetfabric/store --cpus 2
 
 ## images: the FROM scratch image of the static binary (nothing is pulled)
@@ -35,7 +35,13 @@ images: build
 	mkdir -p $(BIN)/image/data
 	docker build -t $(IMAGE) .
 
-## compose-up: broker and SCALE workers in containers (make images first), client port 4222
+## up: the images, then the broker and SCALE workers in containers, client port 4222
+up: images compose-up
+
+## down: stop and remove the containers (the store volume stays)
+down: compose-down
+
+## compose-up: broker and SCALE workers in containers from the images already built
 compose-up:
 	JETFABRIC_IMAGE=$(IMAGE) $(COMPOSE) up -d --scale worker=$(SCALE)
 
