@@ -176,7 +176,11 @@ func (d *device) takeOver(ctx context.Context) error {
 		return err
 	}
 	w.logf("worker: %s: serving (restored %d sessions at sequence %d in %v)", d.cfg.Name, len(d.sessions), from, time.Since(t0).Round(time.Millisecond))
-	d.replay.on, d.replay.start, d.replay.frames, d.replay.ops0, d.replay.restoredAt = true, time.Now(), 0, d.m.ops.Load(), from
+	// Time the catch-up only when there are frames to catch up on.
+	d.replay.on = false
+	if ci, err := cons.Info(ctx); err == nil && ci.NumPending > 0 {
+		d.replay.on, d.replay.start, d.replay.frames, d.replay.ops0, d.replay.restoredAt = true, time.Now(), 0, d.m.ops.Load(), from
+	}
 	return nil
 }
 
