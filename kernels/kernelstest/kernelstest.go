@@ -98,12 +98,31 @@ type Option func(*options)
 
 type options struct {
 	requireAll bool
+	require    map[string]bool
 }
 
 // RequireAll fails every case the backend answers with
 // kernels.ErrNotImplemented, whatever its dtype: for a backend that
 // implements the whole op set, such as the CPU oracle.
 func RequireAll() Option { return func(o *options) { o.requireAll = true } }
+
+// Require fails every case of the named ops that the backend answers with
+// kernels.ErrNotImplemented, whatever its dtype: for a backend that
+// implements those ops in full but may decline others.
+func Require(ops ...string) Option {
+	return func(o *options) {
+		if o.require == nil {
+			o.require = map[string]bool{}
+		}
+		for _, name := range ops {
+			o.require[name] = true
+		}
+	}
+}
+
+// mayDecline reports whether the backend may answer a case of op with
+// kernels.ErrNotImplemented (float32 aside, which run checks itself).
+func (o *options) mayDecline(op string) bool { return !o.requireAll && !o.require[op] }
 
 // errNotImplemented marks a case the backend declined.
 var errNotImplemented = errors.New("not implemented")
@@ -356,7 +375,7 @@ func (s *suite) run(op *kernels.Op, w want, ins ...*host) {
 		what += " " + h.String()
 	}
 	got, err := s.exec(op, ins...)
-	if errors.Is(err, errNotImplemented) && !s.opts.requireAll &&
+	if errors.Is(err, errNotImplemented) && s.opts.mayDecline(op.Name) &&
 		(declinable[op.Name] || w.dt != kernels.Float32 && (len(ins) == 0 || ins[0].dt != kernels.Float32)) {
 		s.skipped++
 		return
