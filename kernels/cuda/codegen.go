@@ -1192,7 +1192,7 @@ __device__ double jf_cos(double x) {
 }
 
 type genSpec struct {
-	op    string // full, arange, uniform, normal
+	op    string // full, arange, uniform, normal, linspace, eye, bernoulli
 	dt    kernels.DType
 	idx64 bool
 }
@@ -1200,7 +1200,9 @@ type genSpec struct {
 func (g genSpec) key() string { return fmt.Sprintf("gen|%s|%v|%v", g.op, g.dt, g.idx64) }
 
 // source: parameters are (out, n, a, b, hk): full uses a; arange a + i*b;
-// uniform [a, b); normal mean a, std b.
+// uniform [a, b); normal mean a, std b; linspace of n points from a to b
+// (kernels.LinspaceAt); eye of a columns with its ones on diagonal b;
+// bernoulli with probability a (1 where kernels.UniformAt(..., 0, 1) < a).
 func (g genSpec) source() string {
 	var b strings.Builder
 	b.WriteString(prelude)
@@ -1209,7 +1211,7 @@ func (g genSpec) source() string {
 	} else {
 		b.WriteString("typedef u32 idx_t;\n")
 	}
-	if g.op == kernels.OpUniform || g.op == kernels.OpNormal {
+	if g.op == kernels.OpUniform || g.op == kernels.OpNormal || g.op == kernels.OpBernoulli {
 		b.WriteString(randomPrelude())
 	}
 	fmt.Fprintf(&b, "extern \"C\" __global__ void __launch_bounds__(%d) %s(%s* out, idx_t n, double a, double b, u64 hk) {\n", blockSize, kernelName, cStore(g.dt))
@@ -1225,6 +1227,13 @@ func (g genSpec) source() string {
 		b.WriteString("\tconst double u1 = 1.0 - jf_u01(jf_random(hk, 2 * (u64)i));\n")
 		b.WriteString("\tconst double u2 = jf_u01(jf_random(hk, 2 * (u64)i + 1));\n")
 		fmt.Fprintf(&b, "\tconst double v = a + b * sqrt(-2.0 * jf_log(u1)) * jf_cos(%s * u2);\n", hexf(2*math.Pi))
+	case kernels.OpLinspace:
+		b.WriteString("\tconst double v = (n > 1 && i == n - 1) ? b : (n <= 1 ? a : (double)i * ((b - a) / (double)(n - 1)) + a);\n")
+	case kernels.OpEye:
+		b.WriteString("\tconst i64 cols = (i64)a, r = (i64)i / cols, c = (i64)i - r * cols;\n")
+		b.WriteString("\tconst double v = (c - r == (i64)b) ? 1.0 : 0.0;\n")
+	case kernels.OpBernoulli:
+		b.WriteString("\tconst double v = jf_u01(jf_random(hk, (u64)i)) < a ? 1.0 : 0.0;\n")
 	}
 	fmt.Fprintf(&b, "\tout[i] = %s;\n}\n", cStoreConv(g.dt, cFromDouble(g.dt, "v")))
 	return b.String()

@@ -102,9 +102,48 @@ func TestCompileGenerated(t *testing.T) {
 			ts := transposeSpec{dt: dt, outer: outer}
 			add(ts.key(), ts.source(), nil)
 		}
-		for _, op := range []string{kernels.OpFull, kernels.OpArange, kernels.OpUniform, kernels.OpNormal} {
+		for _, op := range []string{kernels.OpFull, kernels.OpArange, kernels.OpUniform, kernels.OpNormal, kernels.OpLinspace, kernels.OpEye, kernels.OpBernoulli} {
 			g := genSpec{op: op, dt: dt}
 			add(g.key(), g.source(), nil)
+		}
+	}
+	g0 := genSpec{op: kernels.OpBernoulli, dt: kernels.Bool}
+	add(g0.key(), g0.source(), nil)
+	for _, size := range []int{1, 2, 4, 8} {
+		for _, rank := range []int{0, 1, 2, 3, 8} {
+			m := moveSpec{size: size, rank: rank}
+			add(m.key(), m.source(), nil)
+		}
+		for _, upper := range []bool{false, true} {
+			t := triSpec{size: size, upper: upper}
+			add(t.key(), t.source(), nil)
+		}
+	}
+	for _, i64 := range []bool{false, true} {
+		for _, size := range []int{1, 2, 4, 8} {
+			add(selectSpec{size, i64}.key(), selectSpec{size, i64}.source(), nil)
+			for _, ra := range [][2]int{{1, 0}, {2, 0}, {2, 1}, {3, 1}} {
+				gs := gatherSpec{size: size, idx64: i64, rank: ra[0], axis: ra[1]}
+				add(gs.key(), gs.source(), nil)
+			}
+		}
+		for _, dt := range append(dtypes, kernels.Bool) {
+			add(oneHotSpec{dt, i64}.key(), oneHotSpec{dt, i64}.source(), nil)
+			if dt == kernels.Bool {
+				continue
+			}
+			for _, ra := range [][2]int{{1, 0}, {2, 0}, {2, 1}, {3, 2}} {
+				ss := scatterSpec{dt: dt, idx64: i64, rank: ra[0], axis: ra[1]}
+				add(ss.key(), ss.source(), nil)
+			}
+		}
+	}
+	for _, dt := range []kernels.DType{kernels.Float32, kernels.Float64, kernels.Float16, kernels.BFloat16} {
+		for _, rms := range []bool{false, true} {
+			for _, wb := range [][2]bool{{false, false}, {true, false}, {true, true}} {
+				ns := normSpec{dt: dt, rms: rms, rank: 3, hasW: wb[0], hasB: wb[1]}
+				add(ns.key(), ns.source(), nil)
+			}
 		}
 	}
 	// A fused chain ending in a reduction, with an intermediate written.

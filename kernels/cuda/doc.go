@@ -25,7 +25,24 @@
 // stored. Permutes that swap the two innermost dims use shared-memory
 // tiles. Matrix products run on cuBLAS (float32, optionally TF32, float16
 // and bfloat16 with float32 accumulation, float64), with a generated
-// kernel for the integer types. Device memory comes from a caching
+// kernel for the integer types.
+//
+// The movement, indexing, norm and creation ops (kernels.Movement,
+// Indexing, Norms, Creation) run in every dtype they accept. Movement ops
+// copy elements by size (1, 2, 4 or 8 bytes) through one strided-copy
+// kernel: strides may be zero (expand) or negative (flip, negative slice
+// steps); pad fills first, concat, stack and split take one launch per
+// piece, squeeze and unsqueeze are plain copies. gather, index_select,
+// one_hot and scatter_add set a device flag on an index out of range,
+// read back after the launch (so they wait for the stream), and return
+// kernels.ErrIndex as the CPU does. scatter_add is deterministic, with no
+// atomics: one thread per output element adds the entries aimed at it in
+// index order, so its sums round exactly as the CPU's. layer_norm and
+// rms_norm take one block per normalised row and sum in float64 (in a
+// tree, not in the CPU's order), rounding once. bernoulli matches
+// kernels.UniformAt(seed, key, i, 0, 1) < p bit for bit.
+//
+// Device memory comes from a caching
 // allocator with size classes; host transfers go through pinned staging
 // buffers.
 //

@@ -132,6 +132,8 @@ func (b *Backend) exec(op *kernels.Op, in, out []*kernels.Tensor) error {
 		return b.softmax(op, inM[0], inB[0], outB[0])
 	case name == kernels.OpMatmul:
 		return b.matmul(inM, want[0], inB, outB[0])
+	case isMovement(name) || isIndexing(name) || name == kernels.OpLayerNorm || name == kernels.OpRMSNorm:
+		return b.movement(op, inM, want, inB, outB)
 	}
 	return fmt.Errorf("%w: %s", kernels.ErrNotImplemented, op.Name)
 }
@@ -280,7 +282,8 @@ func (b *Backend) softmax(op *kernels.Op, x kernels.Meta, xb, yb *buffer) error 
 	return b.runPlan(ap, []*buffer{xb, lb}, []*buffer{yb})
 }
 
-// generate queues full, arange, uniform or normal.
+// generate queues full, arange, uniform, normal, linspace, eye or
+// bernoulli.
 func (b *Backend) generate(op *kernels.Op, m kernels.Meta, out *buffer) error {
 	n := m.Numel()
 	if n == 0 {
@@ -302,6 +305,12 @@ func (b *Backend) generate(op *kernels.Op, m kernels.Meta, out *buffer) error {
 		x, y, hk = op.Low, op.High, randomKey(op.Seed, op.Key)
 	case kernels.OpNormal:
 		x, y, hk = op.Mean, op.Std, randomKey(op.Seed, op.Key)
+	case kernels.OpLinspace:
+		x, y = op.Start, op.Stop
+	case kernels.OpEye:
+		x, y = float64(m.Shape[1]), float64(max(-m.Shape[0]-1, min(op.K, m.Shape[1]+1)))
+	case kernels.OpBernoulli:
+		x, hk = op.P, randomKey(op.Seed, op.Key)
 	}
 	var a kargs
 	a.ptr(out.ptr)
