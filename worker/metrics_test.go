@@ -2,6 +2,7 @@ package worker_test
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -9,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jetfabric/jetfabric/broker/brokertest"
 	"github.com/jetfabric/jetfabric/internal/prom"
@@ -98,12 +100,17 @@ func TestMetrics(t *testing.T) {
 	}
 
 	// Closing the session returns its tensor memory.
+	// The close is answered from inside its frame; the frame's accounting
+	// lands just after.
 	r.sendJSON(`{"v":1,"ops":[{"op":"close","tag":3}]}`)
 	r.result()
-	m = scrape(t, srv.URL)
-	if m["jetfabric_device_tensor_bytes"+dev] != 0 || m["jetfabric_device_sessions"+dev] != 0 {
-		t.Errorf("after close: tensor bytes %v, sessions %v", m["jetfabric_device_tensor_bytes"+dev], m["jetfabric_device_sessions"+dev])
-	}
+	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		m := scrape(t, srv.URL)
+		if m["jetfabric_device_tensor_bytes"+dev] != 0 || m["jetfabric_device_sessions"+dev] != 0 {
+			return fmt.Errorf("after close: tensor bytes %v, sessions %v", m["jetfabric_device_tensor_bytes"+dev], m["jetfabric_device_sessions"+dev])
+		}
+		return nil
+	})
 }
 
 func hostname(t *testing.T) string {
