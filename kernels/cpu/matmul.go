@@ -296,53 +296,17 @@ func packB[T float](dst, b []T, n, j0, cols, pc, kk, kp int) {
 	}
 }
 
-// micro2x4 adds to the 2×4 block of C at c (row length ldc) the product of
-// a packed A panel and a packed B panel of even length. The loop walks the
-// panels by reslicing, two k steps at a time, so that the compiler drops
-// the bounds checks and keeps all eight sums in registers.
-func micro2x4(a, b, c []float32, ldc int) {
-	var c00, c01, c02, c03, c10, c11, c12, c13 float32
-	for len(a) >= 4 && len(b) >= 8 {
-		a0, a1 := a[0], a[1]
-		b0, b1, b2, b3 := b[0], b[1], b[2], b[3]
-		c00 += a0 * b0
-		c01 += a0 * b1
-		c02 += a0 * b2
-		c03 += a0 * b3
-		c10 += a1 * b0
-		c11 += a1 * b1
-		c12 += a1 * b2
-		c13 += a1 * b3
-		a0, a1 = a[2], a[3]
-		b0, b1, b2, b3 = b[4], b[5], b[6], b[7]
-		c00 += a0 * b0
-		c01 += a0 * b1
-		c02 += a0 * b2
-		c03 += a0 * b3
-		c10 += a1 * b0
-		c11 += a1 * b1
-		c12 += a1 * b2
-		c13 += a1 * b3
-		a = a[4:]
-		b = b[8:]
-	}
-	r := c[0:4:4]
-	r[0] += c00
-	r[1] += c01
-	r[2] += c02
-	r[3] += c03
-	r = c[ldc : ldc+4 : ldc+4]
-	r[0] += c10
-	r[1] += c11
-	r[2] += c12
-	r[3] += c13
-}
+// micro2x4 is micro2x4g for float32.
+func micro2x4(a, b, c []float32, ldc int) { micro2x4g(a, b, c, ldc) }
 
-// micro2x4f64 is micro2x4 for float64. (A plain function: a generic
+// micro2x4f64 is micro2x4 for float64. (Plain functions: a generic
 // instantiation used as a value would be a closure.)
 func micro2x4f64(a, b, c []float64, ldc int) { micro2x4g(a, b, c, ldc) }
 
-// micro2x4g is micro2x4 for any float type.
+// micro2x4g adds to the 2×4 block of C at c (row length ldc) the product of
+// a packed A panel and a packed B panel of even length. The loop walks the
+// panels by reslicing, two k steps at a time, so that the compiler drops
+// the bounds checks and keeps all eight sums in registers.
 func micro2x4g[T float](a, b, c []T, ldc int) {
 	var c00, c01, c02, c03, c10, c11, c12, c13 T
 	for len(a) >= 4 && len(b) >= 8 {
