@@ -3,13 +3,11 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -56,24 +54,6 @@ func openPTY(t *testing.T) (ptm, pts *os.File) {
 	return ptm, pts
 }
 
-// syncBuffer collects what the terminal shows.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestTopTerminal runs top on a pseudo-terminal: it draws in place with
 // ANSI sequences and quits on q, restoring the cursor.
 func TestTopTerminal(t *testing.T) {
@@ -96,7 +76,7 @@ func TestTopTerminal(t *testing.T) {
 		_ = cmd.Process.Kill()
 		<-exited
 	})
-	var screen syncBuffer
+	var screen output // what the terminal shows
 	copied := make(chan struct{})
 	go func() {
 		defer close(copied)
