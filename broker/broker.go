@@ -108,11 +108,19 @@ func (b *Broker) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("broker: %w", err)
 	}
+	p := b.cfg.Provision
+	if p.XferStorage == jetstream.MemoryStorage {
+		// Transfers in memory: bound the bucket by what the server may
+		// hold in memory, leaving half for everything else.
+		if jc := b.srv.JetStreamConfig(); jc != nil && jc.MaxMemory > 0 && (p.XferMaxBytes == 0 || p.XferMaxBytes > jc.MaxMemory/2) {
+			p.XferMaxBytes = jc.MaxMemory / 2
+		}
+	}
 	// In a cluster the meta leader may still be settling: retry.
 	var last error
 	for {
 		pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
-		last = ProvisionStreams(pctx, js, b.names, b.cfg.Provision)
+		last = ProvisionStreams(pctx, js, b.names, p)
 		pcancel()
 		if last == nil {
 			return nil

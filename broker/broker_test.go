@@ -14,20 +14,26 @@ import (
 	"github.com/jetfabric/jetfabric/broker/brokertest"
 )
 
-func TestStartProvisionsEverything(t *testing.T) {
-	b := brokertest.Run(t)
+// streamConfig connects to b and returns the config of its stream name.
+func streamConfig(t *testing.T, b *broker.Broker, name string) (jetstream.JetStream, jetstream.StreamConfig) {
+	t.Helper()
 	nc, err := nats.Connect(b.ClientURL())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nc.Close()
+	t.Cleanup(nc.Close)
 	js, _ := jetstream.New(nc)
-	ctx := context.Background()
-	s, err := js.Stream(ctx, "FABRIC_OPS")
+	s, err := js.Stream(context.Background(), name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := s.CachedInfo().Config
+	return js, s.CachedInfo().Config
+}
+
+func TestStartProvisionsEverything(t *testing.T) {
+	b := brokertest.Run(t)
+	js, cfg := streamConfig(t, b, "FABRIC_OPS")
+	ctx := context.Background()
 	if cfg.Discard != jetstream.DiscardNew || cfg.Retention != jetstream.LimitsPolicy || cfg.MaxMsgSize != 8<<20 {
 		t.Errorf("ops stream config: discard %v retention %v max msg %d", cfg.Discard, cfg.Retention, cfg.MaxMsgSize)
 	}
@@ -54,6 +60,25 @@ func TestStartProvisionsEverything(t *testing.T) {
 	}
 	if err := b.Shutdown(ctx); err != nil {
 		t.Errorf("second shutdown: %v", err)
+	}
+}
+
+// TestXferOnMemory: the transfer bucket on memory storage, bounded by
+// what the server may hold in memory, however large the configured limit.
+func TestXferOnMemory(t *testing.T) {
+	b := brokertest.Run(t, func(c *broker.Config) {
+		c.Provision.XferStorage = jetstream.MemoryStorage
+		c.Provision.XferMaxBytes = 1 << 50
+	})
+	js, cfg := streamConfig(t, b, "OBJ_FABRIC_XFER")
+	ctx := context.Background()
+	if cfg.Storage != jetstream.MemoryStorage || cfg.MaxBytes <= 0 || cfg.MaxBytes >= 1<<50 {
+		t.Fatalf("transfer bucket on %v with max bytes %d", cfg.Storage, cfg.MaxBytes)
+	}
+	// The checkpoints stay on file.
+	ck, err := js.Stream(ctx, "OBJ_FABRIC_CKPT")
+	if err != nil || ck.CachedInfo().Config.Storage != jetstream.FileStorage {
+		t.Fatalf("checkpoint bucket: %v", err)
 	}
 }
 
@@ -121,6 +146,7 @@ func TestBadConfig(t *testing.T) {
 		"user no password": func(c *broker.Config) { c.Users = []broker.User{{Name: "a"}} },
 		"cluster in proc":  func(c *broker.Config) { c.InProcess = true; c.Cluster.Name = "c" },
 		"missing file":     func(c *broker.Config) { c.ConfigFile = "/nonexistent/nats.conf" },
+		"xfer storage 7":   func(c *broker.Config) { c.Provision.XferStorage = 7 },
 	} {
 		t.Run(name, func(t *testing.T) {
 			cfg := broker.DefaultConfig()

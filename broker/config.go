@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/jetfabric/jetfabric/subjects"
 )
 
@@ -80,6 +82,12 @@ type Provision struct {
 	XferTTL time.Duration
 	// XferMaxBytes bounds the transfer bucket.
 	XferMaxBytes int64
+	// XferStorage is where the transfer bucket keeps its objects: file
+	// (the default) survives a broker restart; memory moves large tensors
+	// faster (no file writes) but loses the objects not yet read, and the
+	// large uploads a replay would need, when the broker restarts. On
+	// memory, XferMaxBytes is cut to half the server's JetStream memory.
+	XferStorage jetstream.StorageType
 }
 
 // DefaultConfig is a single node on 127.0.0.1:4222 with monitoring on 8222,
@@ -149,6 +157,8 @@ func (p Provision) validate(maxPayload int32) error {
 		return fmt.Errorf("%w: ops max message size %d must be in (0, max payload %d]", ErrInvalidConfig, p.OpsMaxMsgSize, maxPayload)
 	case p.OpsMaxBytes < 0 || p.XferMaxBytes < 0 || p.OpsMaxAge < 0 || p.XferTTL < 0:
 		return fmt.Errorf("%w: negative stream limit", ErrInvalidConfig)
+	case p.XferStorage != jetstream.FileStorage && p.XferStorage != jetstream.MemoryStorage:
+		return fmt.Errorf("%w: transfer storage %d; want file or memory", ErrInvalidConfig, p.XferStorage)
 	}
 	return nil
 }

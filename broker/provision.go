@@ -65,7 +65,7 @@ func ProvisionStreams(ctx context.Context, js jetstream.JetStream, names subject
 		Description: "jetfabric tensor transfers, large uploads and large results",
 		TTL:         p.XferTTL,
 		MaxBytes:    orUnlimited(p.XferMaxBytes),
-		Storage:     jetstream.FileStorage,
+		Storage:     p.XferStorage,
 		Replicas:    p.Replicas,
 	})
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetfabric/jetfabric/broker"
 	"github.com/jetfabric/jetfabric/client"
@@ -26,6 +27,7 @@ type brokerFlags struct {
 	cluster, clusterListen, routes    string
 	replicas                          int
 	logs                              bool
+	xferStorage                       string
 }
 
 func (f *brokerFlags) register(fs *flag.FlagSet, listen string) {
@@ -41,6 +43,7 @@ func (f *brokerFlags) register(fs *flag.FlagSet, listen string) {
 	fs.StringVar(&f.routes, "routes", "", "comma-separated nats://host:port of every cluster node, with -cluster")
 	fs.IntVar(&f.replicas, "replicas", 1, "replicas of the stream and buckets (3 in a cluster)")
 	fs.BoolVar(&f.logs, "logs", false, "print the NATS server's own log")
+	fs.StringVar(&f.xferStorage, "xfer-storage", "file", "where FABRIC_XFER keeps transfers, large uploads and results: file (survives a broker restart) or memory (faster; lost on restart)")
 }
 
 func (f *brokerFlags) brokerConfig() (broker.Config, error) {
@@ -59,6 +62,14 @@ func (f *brokerFlags) brokerConfig() (broker.Config, error) {
 	cfg.Users = f.users
 	cfg.Logs = f.logs
 	cfg.Provision.Replicas = f.replicas
+	switch f.xferStorage {
+	case "file", "":
+		cfg.Provision.XferStorage = jetstream.FileStorage
+	case "memory":
+		cfg.Provision.XferStorage = jetstream.MemoryStorage
+	default:
+		return cfg, fmt.Errorf("-xfer-storage %q: want file or memory", f.xferStorage)
+	}
 	if cfg.Provision.OpsMaxMsgSize > cfg.MaxPayload {
 		cfg.Provision.OpsMaxMsgSize = cfg.MaxPayload
 	}

@@ -148,6 +148,7 @@ func TestBadCommandLines(t *testing.T) {
 		{[]string{"broker", "--listen", "127.0.0.1:-1"}, 1, "store dir is required"},
 		{[]string{"broker", "--store", "x", "--listen", "nocolon"}, 1, "-listen"},
 		{[]string{"broker", "--store", "x", "--user", "nopassword"}, 2, "name:password"},
+		{[]string{"broker", "--store", "x", "--xfer-storage", "tape"}, 1, "want file or memory"},
 		{[]string{"worker", "--cpus", "0"}, 1, "-cpus 0"},
 		{[]string{"worker", "--devices", "cpu.0"}, 1, "forbidden character"},
 		{[]string{"devices", "--url", "nats://127.0.0.1:1"}, 1, "connect"},
