@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"reflect"
+	"unsafe"
 
 	"github.com/fxamacker/cbor/v2"
 )
@@ -61,6 +63,20 @@ func Marshal(enc Encoding, v any) ([]byte, error) {
 	if enc == JSON {
 		return json.Marshal(v)
 	}
+	if f, ok := v.(*Frame); ok && f != nil && frameCodec != nil {
+		size := 16
+		for i := range f.Ops {
+			size += 48 + len(f.Ops[i].Data) + 9*len(f.Ops[i].Values)
+		}
+		return frameCodec.appendStruct(make([]byte, 0, size), unsafe.Pointer(f)), nil
+	}
+	if r, ok := v.(*Result); ok && r != nil && resultCodec != nil {
+		size := 64
+		if r.Tensor != nil {
+			size += len(r.Tensor.Data) + 9*len(r.Tensor.Values)
+		}
+		return resultCodec.appendStruct(make([]byte, 0, size), unsafe.Pointer(r)), nil
+	}
 	return encMode.Marshal(v)
 }
 
@@ -73,6 +89,8 @@ func Unmarshal(enc Encoding, data []byte, v any) error {
 		if err == nil && d.More() {
 			err = fmt.Errorf("trailing data after JSON value")
 		}
+	} else if r, ok := v.(*Result); ok && r != nil && isZeroResult(r) && decodeResult(data, r) {
+		return nil
 	} else {
 		err = decMode.Unmarshal(data, v)
 	}
@@ -82,11 +100,19 @@ func Unmarshal(enc Encoding, data []byte, v any) error {
 	return nil
 }
 
+func isZeroResult(r *Result) bool { return reflect.ValueOf(r).Elem().IsZero() }
+
 // DecodeFrame decodes and checks a frame: version and op count.
 func DecodeFrame(enc Encoding, data []byte) (*Frame, error) {
-	var f Frame
-	if err := Unmarshal(enc, data, &f); err != nil {
-		return nil, err
+	f, ok := (*Frame)(nil), false
+	if enc == CBOR {
+		f, ok = decodeFrame(data)
+	}
+	if !ok {
+		f = new(Frame)
+		if err := Unmarshal(enc, data, f); err != nil {
+			return nil, err
+		}
 	}
 	if f.V != Version {
 		return nil, fmt.Errorf("%w: frame version %d, this worker speaks %d", ErrVersion, f.V, Version)
@@ -94,7 +120,7 @@ func DecodeFrame(enc Encoding, data []byte) (*Frame, error) {
 	if len(f.Ops) > MaxOpsPerFrame {
 		return nil, fmt.Errorf("%w: %d ops, at most %d", ErrTooManyOps, len(f.Ops), MaxOpsPerFrame)
 	}
-	return &f, nil
+	return f, nil
 }
 
 // EncodingOf returns the encoding named by a Content-Type header value.

@@ -82,6 +82,11 @@ type Op struct {
 	// Object names an object in the transfer bucket holding an upload's
 	// bytes, for uploads too large to travel inline.
 	Object string `cbor:"object,omitempty" json:"object,omitempty"`
+	// NUID, with Object, is the token of the object's chunk subject
+	// ($O.<bucket>.C.<nuid>) when the uploader sends the op while it is
+	// still writing the object: the worker copies the chunks as they are
+	// stored and checks them against the object's meta at the end.
+	NUID string `cbor:"nuid,omitempty" json:"nuid,omitempty"`
 
 	// Transfer is the id of a transfer (expose, import): 32 hex digits
 	// (128 random bits) minted by the client, never reused.
@@ -134,8 +139,14 @@ type Tensor struct {
 	// Object names the object holding the bytes when they are too large
 	// to travel inline. The reader deletes it once read.
 	Object string `cbor:"object,omitempty" json:"object,omitempty"`
-	// SHA256 is the hex digest of the bytes, set with Object.
+	// SHA256 is the hex digest of the bytes, set with Object once the
+	// object is written.
 	SHA256 string `cbor:"sha256,omitempty" json:"sha256,omitempty"`
+	// NUID, with Object, is the token of the object's chunk subject when
+	// the reply is sent before the object is complete: the reader copies
+	// the chunks as the worker writes them and checks them against the
+	// object's meta, which comes last.
+	NUID string `cbor:"nuid,omitempty" json:"nuid,omitempty"`
 }
 
 // Error codes.
