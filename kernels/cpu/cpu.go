@@ -14,20 +14,42 @@ const maxAlloc = 1 << 40
 
 // Backend is the CPU backend. The zero value is not usable; call New.
 type Backend struct {
-	_ struct{}
+	cache *cache
 }
 
 var _ kernels.Backend = (*Backend)(nil)
 
+// Option configures a Backend.
+type Option func(*Backend)
+
+// WithCache bounds the bytes of freed buffers kept for reuse (see Free);
+// 0 keeps none.
+func WithCache(bytes int64) Option {
+	return func(b *Backend) { b.cache = newCache(max(bytes, 0)) }
+}
+
+// DefaultCache is how many bytes of freed large buffers a Backend keeps
+// for reuse unless told otherwise.
+const DefaultCache = 1 << 30
+
 // New returns a CPU backend.
-func New() *Backend { return &Backend{} }
+func New(opts ...Option) *Backend {
+	b := &Backend{cache: newCache(DefaultCache)}
+	for _, o := range opts {
+		if o != nil {
+			o(b)
+		}
+	}
+	return b
+}
 
 // Name returns "cpu".
 func (b *Backend) Name() string { return "cpu" }
 
 // Buffer is host memory owned by the CPU backend, 8-byte aligned.
 type Buffer struct {
-	data []byte
+	data  []byte
+	words []uint64 // the allocation data lives in
 }
 
 // Bytes is the buffer's size in bytes.
@@ -35,32 +57,66 @@ func (buf *Buffer) Bytes() int { return len(buf.data) }
 
 // Host returns the buffer's memory. The CPU backend's buffers are host
 // memory, so a caller may read or write them directly between calls to
-// Exec, without Upload and Download. It is nil once the buffer is freed.
+// Exec, without Upload and Download. It is nil once the buffer is freed,
+// and a slice of it must not be used after Free: the memory may be
+// reused.
 func (buf *Buffer) Host() []byte { return buf.data }
 
 // Alloc returns a buffer of n bytes, zeroed. It fails with
 // kernels.ErrOutOfMemory if n is negative or absurdly large.
-func (b *Backend) Alloc(n int) (_ kernels.Buffer, err error) {
+func (b *Backend) Alloc(n int) (kernels.Buffer, error) {
+	buf, reused, err := b.alloc(n)
+	if err != nil {
+		return nil, err
+	}
+	if reused {
+		clear(buf.data)
+	}
+	return buf, nil
+}
+
+// AllocUninit is Alloc for a caller that writes every byte before reading
+// any (an upload, a transfer): a buffer reused from the cache keeps its
+// old contents.
+func (b *Backend) AllocUninit(n int) (kernels.Buffer, error) {
+	buf, _, err := b.alloc(n)
+	if err != nil {
+		return nil, err
+	}
+	return buf, nil
+}
+
+func (b *Backend) alloc(n int) (_ *Buffer, reused bool, err error) {
 	if n < 0 || n > maxAlloc {
-		return nil, fmt.Errorf("%w: cpu: cannot allocate %d bytes", kernels.ErrOutOfMemory, n)
+		return nil, false, fmt.Errorf("%w: cpu: cannot allocate %d bytes", kernels.ErrOutOfMemory, n)
 	}
 	if n == 0 {
-		return &Buffer{data: []byte{}}, nil
+		return &Buffer{data: []byte{}}, false, nil
+	}
+	nw := (n + 7) / 8 // 8-byte alignment for every dtype
+	if w := b.cache.take(nw); w != nil {
+		return &Buffer{data: unsafe.Slice((*byte)(unsafe.Pointer(&w[0])), n), words: w}, true, nil
 	}
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("%w: cpu: allocating %d bytes: %v", kernels.ErrOutOfMemory, n, r)
 		}
 	}()
-	words := make([]uint64, (n+7)/8) // 8-byte alignment for every dtype
-	return &Buffer{data: unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), n)}, nil
+	words := make([]uint64, nw)
+	return &Buffer{data: unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), n), words: words}, false, nil
 }
 
-// Free releases a buffer: later uses of it fail. Freeing nil or a buffer
-// of another backend is a no-op.
+// Free releases a buffer: later uses of it fail. A large buffer's memory
+// is kept for a later Alloc of the same size, up to the cache's bound, so
+// that tensors allocated and freed in a loop reuse warm memory instead of
+// faulting in fresh pages. Freeing nil or a buffer of another backend is
+// a no-op.
 func (b *Backend) Free(buf kernels.Buffer) {
 	if c, ok := buf.(*Buffer); ok && c != nil {
-		c.data = nil
+		if c.words != nil {
+			b.cache.put(c.words)
+		}
+		c.data, c.words = nil, nil
 	}
 }
 

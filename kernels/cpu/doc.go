@@ -22,6 +22,16 @@
 // scatter_add adds in index order in the output dtype (float16 and
 // bfloat16 in float32), so repeated indices sum the same way every time.
 //
+// # Memory
+//
+// Buffers are 8-byte aligned Go memory. Free keeps freed buffers of 1 MiB
+// and more, by exact size, up to WithCache bytes (1 GiB by default), and
+// Alloc hands them out again, cleared: tensors of the same shapes freed and
+// made every step of a loop reuse warm memory instead of faulting in fresh
+// pages, which cost about as much as copying the bytes twice. AllocUninit
+// skips the clearing for a caller that writes every byte (an upload, a
+// transfer).
+//
 // # Concurrency
 //
 // A Backend is used by one goroutine at a time, as kernels.Backend says.
