@@ -217,3 +217,53 @@ func BenchmarkReadAhead(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPipelined moves an object from a writer to a reader on another
+// connection: the reader follows the chunks as they are stored (Follow),
+// against a Put then a GetInto, in the same run.
+func BenchmarkPipelined(b *testing.B) {
+	e := newEnv(b)
+	ctx := context.Background()
+	w := e.store(b)
+	r := e.second(b).store(b)
+	for _, size := range []int{64 << 20, 256 << 20} {
+		data := randomBytes(size, 1)
+		dst := make([]byte, size)
+		prefix := fmt.Sprintf("%dMiB/", size>>20)
+		i := 0
+		b.Run(prefix+"put-then-get", func(b *testing.B) {
+			b.SetBytes(int64(size))
+			for b.Loop() {
+				i++
+				name := fmt.Sprintf("seq-%d", i)
+				if _, err := w.Put(ctx, name, data, nil); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := r.GetInto(ctx, name, dst); err != nil {
+					b.Fatal(err)
+				}
+				_ = w.Delete(ctx, name)
+			}
+		})
+		b.Run(prefix+"follow", func(b *testing.B) {
+			b.SetBytes(int64(size))
+			for b.Loop() {
+				i++
+				name := fmt.Sprintf("pipe-%d", i)
+				nuid := objectstore.NewNUID()
+				done := make(chan error, 1)
+				go func() {
+					_, err := r.Follow(ctx, name, nuid, dst)
+					done <- err
+				}()
+				if _, err := w.Put(ctx, name, data, nil, objectstore.WithNUID(nuid)); err != nil {
+					b.Fatal(err)
+				}
+				if err := <-done; err != nil {
+					b.Fatal(err)
+				}
+				_ = w.Delete(ctx, name)
+			}
+		})
+	}
+}

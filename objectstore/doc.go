@@ -96,6 +96,26 @@
 // that is not a delete marker. It never lists the bucket. Its consumer is
 // deleted when it returns.
 //
+// # Following a writer
+//
+// A reader need not wait for the meta: Put with WithNUID writes the
+// chunks on a subject the caller chose and announced first (in a
+// key-value entry, in a reply), and Follow reads them as the broker
+// stores them. One ordered consumer delivers the chunk subject and the
+// meta subject together, in stream order, so the meta, written after the
+// last chunk, ends the read; the bytes read must match its size, number of
+// chunks and SHA-256 (an object already complete when Follow starts is
+// read with direct gets instead, as GetInto reads it). Anything else (the writer started over on another
+// subject, another writer of the same name won, a delete marker) is
+// resolved by the meta: Follow reads the object again from it as GetInto
+// does, or fails. Abort writes a delete marker carrying the writer's
+// reason, so a follower learns at once that nothing will come; a writer
+// that just stops is given up on after the store's timeout with nothing
+// new. The writer and the reader then work at the same time, and the
+// transfer costs about the slower of the two instead of their sum
+// (BenchmarkPipelined). WithSHA256 spares a caller that has already
+// hashed the data (an upload named by its digest) a second pass.
+//
 // # Parts
 //
 // With WithParts(n), n > 1, an object larger than WithPartThreshold (256

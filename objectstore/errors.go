@@ -20,4 +20,7 @@ var (
 	// more often than WithRetries allows, or refused them for good
 	// (bucket full, message too large). The write was rolled back.
 	ErrRefused = errors.New("objectstore: broker refused the write")
+	// ErrStalled: Follow saw nothing new for the store's timeout; the
+	// writer stopped (its process died) or never started.
+	ErrStalled = errors.New("objectstore: the writer stopped")
 )

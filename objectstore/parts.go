@@ -42,7 +42,7 @@ func (s *Store) putParts(ctx context.Context, name string, data []byte, meta map
 		a, b := int64(i)*per, min(int64(i+1)*per, size)
 		man.Parts[i] = partInfo{Name: partName(name, i, token), Size: b - a}
 		wg.Go(func() {
-			oi, err := s.putObject(pctx, man.Parts[i].Name, data[a:b], nil, nil, window)
+			oi, err := s.putObject(pctx, man.Parts[i].Name, data[a:b], nil, nil, window, putConfig{})
 			if err != nil {
 				errs[i] = err
 				cancel()
@@ -68,7 +68,7 @@ func (s *Store) putParts(ctx context.Context, name string, data []byte, meta map
 	hdr.Set(hdrParts, strconv.Itoa(k))
 	hdr.Set(hdrSize, strconv.FormatInt(size, 10))
 	hdr.Set(hdrSHA256, man.SHA256)
-	oi, err := s.putObject(ctx, name, content, meta, hdr, s.opts.window)
+	oi, err := s.putObject(ctx, name, content, meta, hdr, s.opts.window, putConfig{})
 	if err != nil {
 		s.dropParts(ctx, man.Parts)
 		return Info{}, err

@@ -26,15 +26,27 @@ import (
 // that moment and its chunks purged afterwards. On failure the chunks
 // written are purged and nothing is visible. Refusals and timeouts are
 // retried (WithRetries) from the last good chunk; past that the error
-// wraps ErrRefused.
-func (s *Store) Put(ctx context.Context, name string, data []byte, meta map[string]string) (Info, error) {
+// wraps ErrRefused. PutOptions name the chunk subject in advance
+// (WithNUID) or give the digest (WithSHA256).
+func (s *Store) Put(ctx context.Context, name string, data []byte, meta map[string]string, opts ...PutOption) (Info, error) {
 	if name == "" {
 		return Info{}, fmt.Errorf("%w: empty object name", ErrInvalidOption)
+	}
+	var pc putConfig
+	for _, o := range opts {
+		if o != nil {
+			o(&pc)
+		}
+	}
+	if pc.nuid != "" {
+		if err := ValidNUID(pc.nuid); err != nil {
+			return Info{}, err
+		}
 	}
 	if s.opts.parts > 1 && int64(len(data)) > s.opts.partThreshold {
 		return s.putParts(ctx, name, data, meta)
 	}
-	oi, err := s.putObject(ctx, name, data, meta, nil, s.opts.window)
+	oi, err := s.putObject(ctx, name, data, meta, nil, s.opts.window, pc)
 	if err != nil {
 		return Info{}, err
 	}
@@ -183,7 +195,7 @@ const (
 )
 
 // putObject writes one ADR-20 object with at most window chunks in flight.
-func (s *Store) putObject(ctx context.Context, name string, data []byte, meta map[string]string, hdr nats.Header, window int) (*jetstream.ObjectInfo, error) {
+func (s *Store) putObject(ctx context.Context, name string, data []byte, meta map[string]string, hdr nats.Header, window int, pc putConfig) (*jetstream.ObjectInfo, error) {
 	chunk := s.opts.chunkSize
 	n := (len(data) + chunk - 1) / chunk
 	if int64(n) > math.MaxUint32 {
@@ -197,9 +209,17 @@ func (s *Store) putObject(ctx context.Context, name string, data []byte, meta ma
 		sentAt:   make([]time.Time, n),
 		failedAt: -1,
 	}
-	w.nuid = newNUID()
+	w.nuid = pc.nuid
+	if w.nuid == "" {
+		w.nuid = newNUID()
+	}
 	w.subj = chunkSubject(s.bucket, w.nuid)
-	dig := startDigest(data, chunk, true)
+	var dig *digest
+	if pc.digest != nil {
+		dig = &digest{sum: *pc.digest} // nothing to compute: ready at once
+	} else {
+		dig = startDigest(data, chunk, true)
+	}
 	w.dig = dig
 	if err := w.subscribe(); err != nil {
 		dig.stop()

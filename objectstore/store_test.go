@@ -34,8 +34,23 @@ type env struct {
 
 func newEnv(t testing.TB, edit ...func(*broker.Config)) *env {
 	t.Helper()
-	b := brokertest.Run(t, edit...)
-	nc, err := nats.Connect(b.ClientURL())
+	e := (&env{b: brokertest.Run(t, edit...)}).second(t)
+	ctx := context.Background()
+	var err error
+	if e.obs, err = e.js.ObjectStore(ctx, bucket); err != nil {
+		t.Fatal(err)
+	}
+	if e.str, err = e.js.Stream(ctx, "OBJ_"+bucket); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// second is another client of e's broker, on a connection of its own,
+// sharing e's views of the bucket.
+func (e *env) second(t testing.TB) *env {
+	t.Helper()
+	nc, err := nats.Connect(e.b.ClientURL())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,16 +59,7 @@ func newEnv(t testing.TB, edit ...func(*broker.Config)) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	obs, err := js.ObjectStore(ctx, bucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	str, err := js.Stream(ctx, "OBJ_"+bucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &env{b: b, nc: nc, js: js, obs: obs, str: str}
+	return &env{b: e.b, nc: nc, js: js, obs: e.obs, str: e.str}
 }
 
 func (e *env) store(t testing.TB, opts ...objectstore.Option) *objectstore.Store {

@@ -1,0 +1,194 @@
+package objectstore
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// PutOption adjusts one Put.
+type PutOption func(*putConfig)
+
+type putConfig struct {
+	nuid   string
+	digest *[sha256.Size]byte
+}
+
+// WithNUID has Put write the chunks on the subject of nuid, which the
+// caller made with NewNUID and announced to a reader (see Follow) before
+// writing. Should the writer have to start over on a new subject (after an
+// ack timeout), it does, and a reader that follows nuid reads the object
+// again from its meta. A parted Put ignores it.
+func WithNUID(nuid string) PutOption {
+	return func(c *putConfig) { c.nuid = nuid }
+}
+
+// WithSHA256 gives Put the data's SHA-256, computed by the caller, so that
+// it is not computed again. A wrong digest makes every read of the object
+// fail with ErrDigest.
+func WithSHA256(sum [sha256.Size]byte) PutOption {
+	return func(c *putConfig) { c.digest = &sum }
+}
+
+// NewNUID makes a chunk subject token for WithNUID: 128 random bits.
+func NewNUID() string { return newNUID() }
+
+var validNUID = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// ValidNUID checks a chunk subject token that came from elsewhere (a
+// message, a key-value entry) before it is used to build a subject.
+func ValidNUID(nuid string) error {
+	if !validNUID.MatchString(nuid) {
+		return fmt.Errorf("%w: chunk subject token %q (want 1 to 64 of A-Z a-z 0-9 _ -)", ErrInvalidOption, nuid)
+	}
+	return nil
+}
+
+// hdrError carries a writer's reason in the headers of a delete marker
+// written by Abort.
+const hdrError = "Jetfabric-Error"
+
+// Abort tells a reader that follows name that its object will not come:
+// it writes a delete marker carrying reason, so Follow and Get fail with
+// ErrNotFound and the reason. Chunks the writer stored under nuid (if
+// any) are purged.
+func (s *Store) Abort(ctx context.Context, name, nuid, reason string) error {
+	if name == "" {
+		return fmt.Errorf("%w: empty object name", ErrInvalidOption)
+	}
+	ctx, cancel := s.withTimeout(ctx)
+	defer cancel()
+	oi := &jetstream.ObjectInfo{
+		ObjectMeta: jetstream.ObjectMeta{Name: name, Headers: map[string][]string{hdrError: {reason}}},
+		Bucket:     s.bucket,
+		NUID:       nuid,
+		Deleted:    true,
+	}
+	if err := s.publishMeta(ctx, oi); err != nil {
+		return fmt.Errorf("objectstore: %s: abort %q: %w", s.bucket, name, err)
+	}
+	if nuid != "" && ValidNUID(nuid) == nil {
+		return s.purge(ctx, nuid)
+	}
+	return nil
+}
+
+// Follow reads object name into dst while its writer may still be writing
+// it: the writer announced nuid (Put with WithNUID) and len(dst) is the
+// object's size. One ordered consumer delivers the chunk subject and the
+// meta subject in stream order, so chunks are copied and hashed as the
+// broker stores them, and the meta, which a writer publishes only after
+// its last chunk, ends the read. The meta must name nuid and match the
+// size and the SHA-256 read. If it names another subject (the writer
+// started over, or another writer of the same name won), or the chunks do
+// not match it, Follow reads the object again from its meta as GetInto
+// does. A delete marker ends it with ErrNotFound and the writer's reason
+// when Abort gave one. So does a writer that stops: nothing new for the
+// store's timeout (WithTimeout) ends it with an error. An object that is
+// already complete is read as GetInto reads it, with no consumer.
+func (s *Store) Follow(ctx context.Context, name, nuid string, dst []byte) (Info, error) {
+	if name == "" {
+		return Info{}, fmt.Errorf("%w: empty name", ErrNotFound)
+	}
+	if err := ValidNUID(nuid); err != nil {
+		return Info{}, err
+	}
+	// An object already complete is read with batched direct gets, which
+	// need no consumer on the broker.
+	if oi, _, err := s.readMeta(ctx, name); err == nil && !oi.Deleted {
+		if oi.NUID != nuid {
+			return s.GetInto(ctx, name, dst)
+		}
+		if int64(len(dst)) != int64(oi.Size) {
+			return info(oi), fmt.Errorf("%w: %q in bucket %s is %d bytes, destination is %d", ErrSize, name, s.bucket, oi.Size, len(dst))
+		}
+		return info(oi), s.read(ctx, oi, dst)
+	}
+	chunks, meta := chunkSubject(s.bucket, nuid), metaSubject(s.bucket, name)
+	cons, err := s.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects:    []string{chunks, meta},
+		InactiveThreshold: waitInactive,
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		return Info{}, fmt.Errorf("objectstore: %s: follow %q: %w", s.bucket, name, err)
+	}
+	defer s.dropConsumer(ctx, cons)
+	it, err := cons.Messages(jetstream.PullMaxBytes(2 * s.opts.readAhead))
+	if err != nil {
+		return Info{}, fmt.Errorf("objectstore: %s: follow %q: %w", s.bucket, name, err)
+	}
+	defer it.Stop()
+	// A writer that stops (its process died) must not hold the reader
+	// until ctx ends: after the store's timeout with nothing new, the
+	// read fails.
+	idle, stall := context.WithCancelCause(ctx)
+	defer stall(nil)
+	errStalled := fmt.Errorf("%w: nothing written for %v", ErrStalled, s.opts.timeout)
+	timer := time.AfterFunc(s.opts.timeout, func() { stall(errStalled) })
+	defer timer.Stop()
+	h := sha256.New()
+	off, n, fits := 0, 0, true
+	for {
+		msg, err := it.Next(jetstream.NextContext(idle))
+		if err != nil {
+			switch {
+			case ctx.Err() != nil:
+				err = ctx.Err()
+			case context.Cause(idle) != nil:
+				err = context.Cause(idle)
+			}
+			return Info{}, fmt.Errorf("objectstore: %s: follow %q: %d of %d bytes read: %w", s.bucket, name, off, len(dst), err)
+		}
+		timer.Reset(s.opts.timeout)
+		if msg.Subject() == chunks {
+			data := msg.Data()
+			if !fits || off+len(data) > len(dst) {
+				fits = false // read again from the meta when it comes
+				continue
+			}
+			copy(dst[off:], data)
+			h.Write(data)
+			off += len(data)
+			n++
+			continue
+		}
+		var oi jetstream.ObjectInfo
+		if err := json.Unmarshal(msg.Data(), &oi); err != nil {
+			return Info{}, fmt.Errorf("%w: %q in bucket %s: meta is not ObjectInfo JSON: %v", ErrDigest, name, s.bucket, err)
+		}
+		if oi.Deleted {
+			if oi.Headers != nil && oi.Headers.Get(hdrError) != "" {
+				return Info{}, fmt.Errorf("%w: %q in bucket %s: its writer gave up: %s", ErrNotFound, name, s.bucket, oi.Headers.Get(hdrError))
+			}
+			if oi.NUID == nuid {
+				return Info{}, fmt.Errorf("%w: %q in bucket %s was deleted", ErrNotFound, name, s.bucket)
+			}
+			continue // an earlier object of that name, deleted
+		}
+		if md, err := msg.Metadata(); err == nil {
+			oi.ModTime = md.Timestamp
+		}
+		if oi.NUID != nuid || !fits || !followed(&oi, h.Sum(nil), off, n, len(dst)) {
+			return s.GetInto(ctx, name, dst)
+		}
+		return info(&oi), nil
+	}
+}
+
+// followed reports whether what Follow read matches the meta.
+func followed(oi *jetstream.ObjectInfo, sum []byte, size, chunks, want int) bool {
+	if _, parted := partsOf(oi); parted || oi.Opts != nil && oi.Opts.Link != nil {
+		return false
+	}
+	digest, err := parseDigest(oi.Digest)
+	return err == nil && oi.Size == uint64(want) && size == want && int(oi.Chunks) == chunks && bytes.Equal(digest, sum)
+}

@@ -1,0 +1,156 @@
+package objectstore_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jetfabric/jetfabric/objectstore"
+)
+
+// TestFollowWhileWriting starts the reader before the writer: it must
+// read every byte as the chunks are stored and end at the meta.
+func TestFollowWhileWriting(t *testing.T) {
+	e := newEnv(t)
+	s := e.store(t, objectstore.WithChunkSize(64<<10))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	data := randomBytes(5<<20+123, 3)
+	nuid := objectstore.NewNUID()
+	dst := make([]byte, len(data))
+	type res struct {
+		in  objectstore.Info
+		err error
+	}
+	done := make(chan res, 1)
+	go func() {
+		in, err := s.Follow(ctx, "live", nuid, dst)
+		done <- res{in, err}
+	}()
+	time.Sleep(50 * time.Millisecond) // let the reader subscribe first (either order must work)
+	put, err := s.Put(ctx, "live", data, map[string]string{"k": "v"}, objectstore.WithNUID(nuid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if !bytes.Equal(dst, data) {
+		t.Fatal("followed bytes differ from the written ones")
+	}
+	if r.in.SHA256 != put.SHA256 || r.in.Size != int64(len(data)) || r.in.Meta["k"] != "v" {
+		t.Fatalf("info %+v, put %+v", r.in, put)
+	}
+	// The object is complete now: following it again reads it from the start.
+	clear(dst)
+	if _, err := s.Follow(ctx, "live", nuid, dst); err != nil || !bytes.Equal(dst, data) {
+		t.Fatalf("follow of a complete object: %v", err)
+	}
+}
+
+// TestFollowFallsBack: a writer that did not use the announced subject
+// (or wrote other bytes) is read again from its meta.
+func TestFollowFallsBack(t *testing.T) {
+	e := newEnv(t)
+	s := e.store(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	data := randomBytes(1<<20, 4)
+	if _, err := s.Put(ctx, "other-subject", data, nil); err != nil {
+		t.Fatal(err)
+	}
+	dst := make([]byte, len(data))
+	if _, err := s.Follow(ctx, "other-subject", objectstore.NewNUID(), dst); err != nil || !bytes.Equal(dst, data) {
+		t.Fatalf("follow of an object on another subject: %v", err)
+	}
+	// Wrong size: the fallback reports it.
+	if _, err := s.Follow(ctx, "other-subject", objectstore.NewNUID(), make([]byte, 10)); !errors.Is(err, objectstore.ErrSize) {
+		t.Fatalf("follow into a short buffer: %v, want ErrSize", err)
+	}
+}
+
+func TestFollowAbortAndBadInput(t *testing.T) {
+	e := newEnv(t)
+	s := e.store(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nuid := objectstore.NewNUID()
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Follow(ctx, "doomed", nuid, make([]byte, 100))
+		done <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	if err := s.Abort(ctx, "doomed", nuid, "device out of memory"); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, objectstore.ErrNotFound) || !strings.Contains(err.Error(), "device out of memory") {
+		t.Fatalf("follow of an aborted object: %v", err)
+	}
+	if _, _, err := s.Get(ctx, "doomed"); !errors.Is(err, objectstore.ErrNotFound) {
+		t.Fatalf("get of an aborted object: %v", err)
+	}
+
+	for _, bad := range []string{"", "a.b", "a*", ">", "with space", strings.Repeat("x", 65)} {
+		if _, err := s.Follow(ctx, "x", bad, nil); !errors.Is(err, objectstore.ErrInvalidOption) {
+			t.Errorf("follow with chunk token %q: %v, want ErrInvalidOption", bad, err)
+		}
+		if _, err := s.Put(ctx, "x", []byte("x"), nil, objectstore.WithNUID(bad)); bad != "" && !errors.Is(err, objectstore.ErrInvalidOption) {
+			t.Errorf("put with chunk token %q: %v, want ErrInvalidOption", bad, err)
+		}
+	}
+
+	// Nothing ever written: the context ends the wait.
+	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancelShort()
+	if _, err := s.Follow(short, "never", objectstore.NewNUID(), make([]byte, 8)); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("follow of an object never written: %v, want a deadline error", err)
+	}
+}
+
+// TestPutWithSHA256 skips hashing; a wrong digest is caught by readers.
+func TestPutWithSHA256(t *testing.T) {
+	e := newEnv(t)
+	s := e.store(t)
+	ctx := context.Background()
+	data := randomBytes(700<<10, 5)
+	in, err := s.Put(ctx, "given", data, nil, objectstore.WithSHA256(sha256.Sum256(data)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _, err := s.Get(ctx, "given"); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("get: %v", err)
+	}
+	if in.SHA256 == "" {
+		t.Fatal("no digest in the info")
+	}
+	if _, err := s.Put(ctx, "lied", data, nil, objectstore.WithSHA256(sha256.Sum256([]byte("other")))); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Get(ctx, "lied"); !errors.Is(err, objectstore.ErrDigest) {
+		t.Fatalf("get of an object put with a wrong digest: %v, want ErrDigest", err)
+	}
+	// nats.go reads our objects too.
+	if got, err := e.obs.GetBytes(ctx, "given"); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("nats.go get: %v", err)
+	}
+}
+
+// TestFollowStalledWriter: a writer that announced a subject and stopped
+// does not hold the reader until its context ends.
+func TestFollowStalledWriter(t *testing.T) {
+	e := newEnv(t)
+	s := e.store(t, objectstore.WithTimeout(300*time.Millisecond))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	start := time.Now()
+	_, err := s.Follow(ctx, "stalled", objectstore.NewNUID(), make([]byte, 8))
+	if !errors.Is(err, objectstore.ErrStalled) || ctx.Err() != nil || !strings.Contains(err.Error(), "writer stopped") {
+		t.Fatalf("follow of a stalled writer: %v after %v", err, time.Since(start))
+	}
+}
