@@ -32,6 +32,11 @@ const (
 	// HeaderVersion carries the protocol version of a frame (optional;
 	// the frame body carries it too).
 	HeaderVersion = "Fabric-Version"
+	// HeaderFrame numbers a session's frames from 1 (optional; the worker
+	// ignores it). A client that publishes a frame without asking for the
+	// stream's acknowledgement finds out whether the stream stored it by
+	// reading the number on the last frame stored on the session's subject.
+	HeaderFrame = "Fabric-Frame"
 )
 
 // Content types accepted in HeaderContentType.
@@ -196,6 +201,15 @@ func ValidateSession(session string) error {
 // BenchEcho is the core NATS subject of the raw request/reply responder
 // that `jetfabric bench` measures the fabric against.
 func (n Names) BenchEcho() string { return n.prefix + ".bench.echo" }
+
+// BenchFloor is the subject of the stream BenchFloorStream, through which
+// `jetfabric bench` measures JetStream's own round trip: a message stored
+// in a stream, delivered by an ordered consumer and answered, with none of
+// the fabric's code in the path.
+func (n Names) BenchFloor() string { return n.prefix + ".bench.floor" }
+
+// BenchFloorStream is the stream of BenchFloor: FABRIC_BENCH_FLOOR.
+func (n Names) BenchFloorStream() string { return n.upper + "_BENCH_FLOOR" }
 
 // CtrlStream is the stream behind the control bucket: KV_FABRIC_CTRL.
 func (n Names) CtrlStream() string { return "KV_" + n.CtrlBucket() }

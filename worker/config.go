@@ -93,6 +93,10 @@ type Config struct {
 	// TelemetryInterval is how often devices with a Telemetry source are
 	// sampled and published (0: never).
 	TelemetryInterval time.Duration
+	// ObjectTimeout bounds each step of an object store read or write, and
+	// how long a reader copying an object while it is written waits for
+	// the next chunk before it decides that the writer stopped.
+	ObjectTimeout time.Duration
 	// Logf receives operational messages (nil: none).
 	Logf func(format string, args ...any)
 }
@@ -109,6 +113,7 @@ func DefaultConfig() Config {
 		LeaseTTL:           time.Second,
 		CheckpointInterval: 30 * time.Second,
 		TelemetryInterval:  2 * time.Second,
+		ObjectTimeout:      5 * time.Second,
 	}
 }
 
@@ -159,6 +164,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: telemetry interval %v", ErrInvalidConfig, c.TelemetryInterval)
 	case c.IdleTimeout < 0:
 		return fmt.Errorf("%w: idle timeout %v", ErrInvalidConfig, c.IdleTimeout)
+	case c.ObjectTimeout <= 0:
+		return fmt.Errorf("%w: object timeout %v", ErrInvalidConfig, c.ObjectTimeout)
 	case c.Limits.MaxSessions <= 0 || c.Limits.MaxSessionBytes <= 0 || c.Limits.InlineBytes <= 0:
 		return fmt.Errorf("%w: limits must be positive: %+v", ErrInvalidConfig, c.Limits)
 	}

@@ -457,9 +457,15 @@ func (d *device) reply(subject string, enc codec.Encoding, r *codec.Result) {
 		d.w.logf("worker: %s: encode result: %v", d.cfg.Name, err)
 		return
 	}
-	msg := &nats.Msg{Subject: subject, Data: b, Header: nats.Header{}}
-	msg.Header.Set(subjects.HeaderContentType, enc.String())
-	if err := d.w.nc.PublishMsg(msg); err != nil {
+	if enc == codec.CBOR {
+		// A result without Content-Type is CBOR: no header to encode here
+		// or to parse at the client.
+		err = d.w.nc.Publish(subject, b)
+	} else {
+		msg := &nats.Msg{Subject: subject, Data: b, Header: nats.Header{subjects.HeaderContentType: []string{enc.String()}}}
+		err = d.w.nc.PublishMsg(msg)
+	}
+	if err != nil {
 		d.w.logf("worker: %s: reply to %s: %v", d.cfg.Name, subject, err)
 	}
 }

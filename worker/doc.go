@@ -15,7 +15,18 @@
 //
 // Reads and syncs are answered on core NATS, on the subject in the frame's
 // Fabric-Reply header, in the frame's encoding. Results larger than the
-// inline limit go through the FABRIC_XFER object store.
+// inline limit go through the FABRIC_XFER object store: the answer names
+// the object and its chunk subject and goes out first, so the client
+// copies the chunks while the worker writes them.
+//
+// Tensors move between devices through FABRIC_XFER too (transfer.go): the
+// source announces the object in FABRIC_CTRL (chunk subject, dtype, shape)
+// and writes it, the target allocates the tensor and copies the chunks as
+// they are stored, checking the SHA-256 at the end. A target whose source
+// stops mid-object follows the chunk subject that the source's replacement
+// announces when it replays the expose. Large uploads are read the same
+// way while the client writes them. Host tensors (the CPU backend's) are
+// written from and read into in place.
 //
 // Each worker registers as one instance of the NATS micro service
 // "jetfabric-worker" (see micro.go), its id and devices in the metadata,

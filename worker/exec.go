@@ -14,6 +14,7 @@ import (
 
 	"github.com/jetfabric/jetfabric/codec"
 	"github.com/jetfabric/jetfabric/kernels"
+	"github.com/jetfabric/jetfabric/objectstore"
 )
 
 // Ops the worker handles itself; everything else goes to the backend.
@@ -174,11 +175,30 @@ func (x *exec) input(id uint64) (*kernels.Tensor, error) {
 
 // alloc makes an output tensor, charged to the session.
 func (x *exec) alloc(m kernels.Meta) (*kernels.Tensor, error) {
+	return x.allocWith(m, x.d.cfg.Backend.Alloc)
+}
+
+// uninitAllocator is a backend that can skip clearing a buffer its caller
+// fills entirely (the CPU backend reusing freed memory).
+type uninitAllocator interface {
+	AllocUninit(n int) (kernels.Buffer, error)
+}
+
+// allocFilled is alloc for a tensor whose every byte the caller writes
+// before anything reads it.
+func (x *exec) allocFilled(m kernels.Meta) (*kernels.Tensor, error) {
+	if u, ok := x.d.cfg.Backend.(uninitAllocator); ok {
+		return x.allocWith(m, u.AllocUninit)
+	}
+	return x.alloc(m)
+}
+
+func (x *exec) allocWith(m kernels.Meta, alloc func(int) (kernels.Buffer, error)) (*kernels.Tensor, error) {
 	n := m.Bytes()
 	if x.s.bytes+int64(n) > x.d.w.cfg.Limits.MaxSessionBytes {
 		return nil, failf(codec.CodeLimit, "session memory limit: %d bytes in use, %d more asked, limit %d", x.s.bytes, n, x.d.w.cfg.Limits.MaxSessionBytes)
 	}
-	buf, err := x.d.cfg.Backend.Alloc(n)
+	buf, err := alloc(n)
 	if err != nil {
 		return nil, err
 	}
@@ -307,9 +327,7 @@ func (x *exec) upload(op *codec.Op) error {
 	data := op.Data
 	switch {
 	case op.Object != "":
-		if data, err = x.fetch(op.Object, m.Bytes()); err != nil {
-			return err
-		}
+		return x.uploadObject(op, m)
 	case data == nil && op.Values != nil:
 		if data, err = kernels.EncodeValues(dt, op.Values); err != nil {
 			return err
@@ -335,22 +353,45 @@ func (x *exec) upload(op *codec.Op) error {
 	return nil
 }
 
-// fetch reads an upload's bytes from the object store.
-func (x *exec) fetch(name string, size int) ([]byte, error) {
+// uploadObject makes an upload's tensor from its object, reading straight
+// into the tensor; with op.NUID, while the uploader is still writing it.
+func (x *exec) uploadObject(op *codec.Op, m kernels.Meta) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	info, err := x.d.w.xfer.Stat(ctx, name)
+	xfer := x.d.w.xfer
+	if op.NUID == "" {
+		info, err := xfer.Stat(ctx, op.Object)
+		if err != nil {
+			return failf(codec.CodeUnavailabe, "upload object %q: %v", op.Object, err)
+		}
+		if info.Size != int64(m.Bytes()) {
+			return failf(codec.CodeShape, "upload object %q holds %d bytes, the tensor needs %d", op.Object, info.Size, m.Bytes())
+		}
+	} else if err := objectstore.ValidNUID(op.NUID); err != nil {
+		return failf(codec.CodeAttr, "upload: %v", err)
+	}
+	r := &receiver{x: x}
+	dst, err := r.alloc(m)
 	if err != nil {
-		return nil, failf(codec.CodeUnavailabe, "upload object %q: %v", name, err)
+		return err
 	}
-	if info.Size != int64(size) {
-		return nil, failf(codec.CodeShape, "upload object %q holds %d bytes, the tensor needs %d", name, info.Size, size)
+	if op.NUID != "" {
+		_, err = xfer.Follow(ctx, op.Object, op.NUID, dst)
+	} else {
+		_, err = xfer.GetInto(ctx, op.Object, dst)
 	}
-	buf := make([]byte, size)
-	if _, err := x.d.w.xfer.GetInto(ctx, name, buf); err != nil {
-		return nil, failf(codec.CodeUnavailabe, "upload object %q: %v", name, err)
+	if err != nil {
+		r.drop()
+		if errors.Is(err, objectstore.ErrSize) {
+			return failf(codec.CodeShape, "upload object %q: %v", op.Object, err)
+		}
+		return failf(codec.CodeUnavailabe, "upload object %q: %v", op.Object, err)
 	}
-	return buf, nil
+	if err := r.done(op.Out[0]); err != nil {
+		return err
+	}
+	x.io.inObject += uint64(m.Bytes())
+	return nil
 }
 
 func (x *exec) answer(i int, op *codec.Op, r *codec.Result) {
@@ -395,41 +436,54 @@ func (x *exec) read(i int, op *codec.Op) {
 		x.answer(i, op, r)
 		return
 	}
-	if r.Tensor, err = x.tensorData(t); err != nil {
+	var write func()
+	if r.Tensor, write, err = x.tensorData(t); err != nil {
 		x.pend(codec.Error{Seq: x.seq, Index: i, Op: op.Op, Code: codeOf(err), Message: err.Error()})
 	}
 	r.Errors = x.s.takeErrors(nil)
 	x.answer(i, op, r)
+	if write != nil {
+		write()
+	}
 }
 
-// tensorData downloads t, inline or through the object store.
-func (x *exec) tensorData(t *kernels.Tensor) (*codec.Tensor, error) {
-	data := make([]byte, t.Bytes())
-	if err := x.d.cfg.Backend.Download(data, t.Buf); err != nil {
-		return nil, err
-	}
-	td := &codec.Tensor{DType: t.DType.String(), Shape: t.Shape}
+// tensorData downloads t. Small tensors travel inline. A large one goes
+// through the object store, written by write, which the caller runs after
+// sending the answer: the answer names the object and its chunk subject,
+// so the reader copies the chunks while they are written.
+func (x *exec) tensorData(t *kernels.Tensor) (td *codec.Tensor, write func(), err error) {
+	td = &codec.Tensor{DType: t.DType.String(), Shape: t.Shape}
 	if td.Shape == nil {
 		td.Shape = []int{}
 	}
-	if len(data) <= x.d.w.cfg.Limits.InlineBytes {
+	if t.Bytes() <= x.d.w.cfg.Limits.InlineBytes {
+		data := make([]byte, t.Bytes())
+		if err := x.d.cfg.Backend.Download(data, t.Buf); err != nil {
+			return nil, nil, err
+		}
 		td.Data = data
 		x.io.outInline += uint64(len(data))
 		if x.enc == codec.JSON {
 			td.Values = finiteValues(t.DType, data)
 		}
-		return td, nil
+		return td, nil, nil
 	}
-	name := "result-" + randomID()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	info, err := x.d.w.xfer.Put(ctx, name, data, map[string]string{"dtype": td.DType, "shape": shapeString(t.Shape)})
+	data, err := x.bytesOf(t)
 	if err != nil {
-		return nil, failf(codec.CodeUnavailabe, "store result: %v", err)
+		return nil, nil, err
 	}
-	td.Object, td.SHA256 = info.Name, info.SHA256
+	td.Object, td.NUID = "result-"+randomID(), objectstore.NewNUID()
 	x.io.outObject += uint64(len(data))
-	return td, nil
+	return td, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		xfer := x.d.w.xfer
+		if _, err := xfer.Put(ctx, td.Object, data, map[string]string{"dtype": td.DType, "shape": shapeString(t.Shape)}, objectstore.WithNUID(td.NUID)); err != nil {
+			x.d.w.logf("worker: %s: store result %s: %v", x.d.cfg.Name, td.Object, err)
+			// The reader is following the chunks: tell it why none will come.
+			_ = xfer.Abort(ctx, td.Object, td.NUID, "store result: "+err.Error())
+		}
+	}, nil
 }
 
 // finiteValues returns the elements as numbers if all are finite (JSON

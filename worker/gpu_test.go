@@ -85,6 +85,31 @@ func TestGPUFabric(t *testing.T) {
 			t.Errorf("frame %d: %v\ncpu %s\ngpu %s", i, err, describe(want), describe(got))
 		}
 	}
+	// Transfers both ways between the GPU and the CPU, 8 MiB each: the
+	// GPU's tensor is read into a host staging buffer and uploaded.
+	const toGPU, toCPU = "0123456789abcdef0123456789abcde0", "0123456789abcdef0123456789abcde1"
+	gpu.sendJSON(`{"v":1,"ops":[
+		{"op":"full","out":[60],"dtype":"f32","shape":[2097152],"value":1.5},
+		{"op":"expose","in":[60],"transfer":"` + toCPU + `"},
+		{"op":"import","out":[61],"transfer":"` + toGPU + `","dtype":"f32","shape":[2097152]},
+		{"op":"sum","out":[62],"in":[61]},
+		{"op":"read","in":[62],"tag":8}]}`)
+	plain.sendJSON(`{"v":1,"ops":[
+		{"op":"full","out":[60],"dtype":"f32","shape":[2097152],"value":2.5},
+		{"op":"expose","in":[60],"transfer":"` + toGPU + `"},
+		{"op":"import","out":[61],"transfer":"` + toCPU + `"},
+		{"op":"sum","out":[62],"in":[61]},
+		{"op":"read","in":[62],"tag":8}]}`)
+	for name, c := range map[string]struct {
+		r    *rawSession
+		want float64
+	}{"gpu-0 from cpu-0": {gpu, 2.5 * 2097152}, "cpu-0 from gpu-0": {plain, 1.5 * 2097152}} {
+		res := c.r.result()
+		if len(res.Errors) > 0 || res.Tensor == nil || len(res.Tensor.Values) != 1 || res.Tensor.Values[0] != c.want {
+			t.Errorf("%s: %s, want %v", name, describe(res), c.want)
+		}
+	}
+
 	var m bytes.Buffer
 	if err := w.WriteMetrics(&m); err != nil {
 		t.Fatal(err)

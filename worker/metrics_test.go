@@ -68,8 +68,16 @@ func TestMetrics(t *testing.T) {
 	}
 	r.result()
 
-	m := scrape(t, srv.URL)
+	// The undecodable frame is answered from inside its handling; the
+	// device records it as applied just after.
 	dev := `{device="cpu-0"}`
+	var m map[string]float64
+	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if m = scrape(t, srv.URL); m["jetfabric_device_applied_sequence"+dev] != 3 {
+			return fmt.Errorf("applied sequence %v, want 3", m["jetfabric_device_applied_sequence"+dev])
+		}
+		return nil
+	})
 	for series, want := range map[string]float64{
 		"jetfabric_device_frames_total" + dev:                                        3,
 		"jetfabric_device_ops_total" + dev:                                           5,

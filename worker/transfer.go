@@ -42,11 +42,17 @@ const (
 	maxGroupSize   = 1024
 )
 
-// readCount is the value of xfer.<object>.
+// readCount is the value of xfer.<object>. The writer creates it before
+// it writes the object, naming the chunk subject it will write (NUID) and
+// the tensor's dtype and shape, so a reader can allocate the destination
+// and copy the chunks as the broker stores them (objectstore.Follow).
 type readCount struct {
 	Max     int      `json:"max"`
 	Writer  string   `json:"writer"`
 	Readers []string `json:"readers,omitempty"`
+	NUID    string   `json:"nuid,omitempty"`
+	DType   string   `json:"dtype,omitempty"`
+	Shape   string   `json:"shape,omitempty"`
 }
 
 // identity names op i of the frame for read counting.
@@ -62,21 +68,35 @@ func (x *exec) timeout(op *codec.Op) time.Duration {
 }
 
 // publish writes data as object name for reads readers, with the tensor's
-// meta. Writing again from the same op (a replay) is allowed.
+// meta. The same op may write it again (a replay after a takeover): an
+// object already complete is left as it is, since the op gives the same
+// bits; otherwise it is written on a new chunk subject.
 func (x *exec) publish(ctx context.Context, name string, m kernels.Meta, data []byte, reads int, who string) error {
 	w := x.d.w
-	rc, _ := json.Marshal(readCount{Max: reads, Writer: who})
-	if _, err := w.ctrl.Create(ctx, subjects.TransferKey(name), rc); err != nil {
+	key := subjects.TransferKey(name)
+	rc := readCount{Max: reads, Writer: who, NUID: objectstore.NewNUID(), DType: m.DType.String(), Shape: shapeString(m.Shape)}
+	b, _ := json.Marshal(rc)
+	if _, err := w.ctrl.Create(ctx, key, b); err != nil {
 		if !errors.Is(err, jetstream.ErrKeyExists) {
 			return failf(codec.CodeUnavailabe, "transfer %s: %v", name, err)
 		}
-		e, gerr := w.ctrl.Get(ctx, subjects.TransferKey(name))
+		e, gerr := w.ctrl.Get(ctx, key)
 		var prev readCount
 		if gerr != nil || json.Unmarshal(e.Value(), &prev) != nil || prev.Writer != who {
 			return failf(codec.CodeDuplicate, "transfer %s was already written by another op; transfer ids are never reused", name)
 		}
+		if _, err := w.xfer.Stat(ctx, name); err == nil {
+			return nil
+		}
+		prev.NUID, prev.DType, prev.Shape = rc.NUID, rc.DType, rc.Shape
+		b, _ = json.Marshal(prev)
+		if _, err := w.ctrl.Update(ctx, key, b, e.Revision()); err != nil {
+			return failf(codec.CodeUnavailabe, "transfer %s: announce: %v", name, err)
+		}
 	}
-	if _, err := w.xfer.Put(ctx, name, data, map[string]string{"dtype": m.DType.String(), "shape": shapeString(m.Shape)}); err != nil {
+	if _, err := w.xfer.Put(ctx, name, data, map[string]string{"dtype": rc.DType, "shape": rc.Shape}, objectstore.WithNUID(rc.NUID)); err != nil {
+		// Readers following the chunks learn at once that none will come.
+		_ = w.xfer.Abort(context.WithoutCancel(ctx), name, rc.NUID, err.Error())
 		return failf(codec.CodeUnavailabe, "transfer %s: %v", name, err)
 	}
 	x.mu.Lock()
@@ -85,45 +105,201 @@ func (x *exec) publish(ctx context.Context, name string, m kernels.Meta, data []
 	return nil
 }
 
-// fetch waits for object name, counts this read, checks the tensor meta
-// against want (a nil shape or an Invalid dtype accepts any) and reads it.
+// fetchObject waits for object name, counts this read by who, checks the
+// tensor meta against want (a nil shape or an Invalid dtype accepts any)
+// and reads it into a new host buffer.
 func (x *exec) fetchObject(ctx context.Context, name string, who string, want kernels.Meta) (kernels.Meta, []byte, error) {
+	var buf []byte
+	m, err := x.fetchInto(ctx, name, who, want, func(m kernels.Meta) ([]byte, error) {
+		buf = make([]byte, m.Bytes())
+		return buf, nil
+	})
+	return m, buf, err
+}
+
+// fetchInto is fetchObject reading into the buffer that dst returns for
+// the object's meta. Once the writer has announced the object, the chunks
+// are copied as they are stored, while the writer is still writing.
+func (x *exec) fetchInto(ctx context.Context, name string, who string, want kernels.Meta, dst func(kernels.Meta) ([]byte, error)) (kernels.Meta, error) {
 	w := x.d.w
-	info, err := w.xfer.Wait(ctx, name)
+	rc, err := x.awaitTransfer(ctx, name)
 	if err != nil {
-		if ctx.Err() != nil {
-			return kernels.Meta{}, nil, failf(codec.CodeUnavailabe, "%s did not arrive within the timeout (its writer never ran, or ran on a device that is down)", name)
-		}
-		return kernels.Meta{}, nil, failf(codec.CodeUnavailabe, "%s: %v", name, err)
+		return kernels.Meta{}, err
 	}
-	m, err := metaOf(info)
+	m, err := x.announced(ctx, name, rc)
 	if err != nil {
-		return m, nil, failf(codec.CodeUnavailabe, "%s: %v", name, err)
+		return m, err
 	}
 	if want.DType != kernels.Invalid && want.DType != m.DType || want.Shape != nil && !slices.Equal(want.Shape, m.Shape) {
-		return m, nil, failf(codec.CodeShape, "%s holds %v %v, the op expects %v %v", name, m.DType, m.Shape, want.DType, want.Shape)
+		return m, failf(codec.CodeShape, "%s holds %v %v, the op expects %v %v", name, m.DType, m.Shape, want.DType, want.Shape)
 	}
 	if err := x.countRead(ctx, name, who); err != nil {
-		return m, nil, err
+		return m, err
 	}
-	buf := make([]byte, m.Bytes())
-	if _, err := w.xfer.GetInto(ctx, name, buf); err != nil {
-		if errors.Is(err, objectstore.ErrDigest) {
-			return m, nil, failf(codec.CodeUnavailabe, "%s is corrupt: %v", name, err)
+	buf, err := dst(m)
+	if err != nil {
+		return m, err
+	}
+	for {
+		if rc.NUID == "" {
+			_, err = w.xfer.GetInto(ctx, name, buf) // a writer that announced no subject
+			break
 		}
-		return m, nil, failf(codec.CodeUnavailabe, "%s: %v", name, err)
+		_, err = w.xfer.Follow(ctx, name, rc.NUID, buf)
+		if !errors.Is(err, objectstore.ErrStalled) || ctx.Err() != nil {
+			break
+		}
+		// The writer stopped. A worker that takes its device over replays
+		// the expose and announces a new chunk subject: follow that one.
+		stalled := rc.NUID
+		if rc, err = x.awaitAnnouncement(ctx, name, func(r readCount) bool { return r.NUID != stalled }); err != nil {
+			return m, err
+		}
+		if again, err := x.announced(ctx, name, rc); err != nil || again.DType != m.DType || !slices.Equal(again.Shape, m.Shape) {
+			return m, failf(codec.CodeUnavailabe, "%s was announced again as %v %v, first as %v %v (%v)", name, again.DType, again.Shape, m.DType, m.Shape, err)
+		}
+	}
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		return m, failf(codec.CodeUnavailabe, "%s did not arrive within the timeout (its writer stopped, or runs on a device that is down)", name)
+	case errors.Is(err, objectstore.ErrDigest):
+		return m, failf(codec.CodeUnavailabe, "%s is corrupt: %v", name, err)
+	default:
+		return m, failf(codec.CodeUnavailabe, "%s: %v", name, err)
 	}
 	x.mu.Lock()
 	x.io.inObject += uint64(len(buf))
 	x.mu.Unlock()
-	return m, buf, nil
+	return m, nil
+}
+
+// awaitTransfer returns the writer's announcement of object name, waiting
+// for it to appear.
+func (x *exec) awaitTransfer(ctx context.Context, name string) (readCount, error) {
+	return x.awaitAnnouncement(ctx, name, func(readCount) bool { return true })
+}
+
+// awaitAnnouncement waits for an announcement of object name that accept
+// takes.
+func (x *exec) awaitAnnouncement(ctx context.Context, name string, accept func(readCount) bool) (readCount, error) {
+	var rc readCount
+	var decodeErr error
+	err := x.awaitKey(ctx, subjects.TransferKey(name), func(v []byte) bool {
+		var r readCount
+		if decodeErr = json.Unmarshal(v, &r); decodeErr != nil {
+			return true
+		}
+		rc = r
+		return accept(r)
+	})
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return rc, failf(codec.CodeUnavailabe, "%s did not arrive within the timeout (its writer never ran, or ran on a device that is down)", name)
+	case err != nil:
+		return rc, failf(codec.CodeUnavailabe, "%s: read count: %v", name, err)
+	case decodeErr != nil:
+		return rc, failf(codec.CodeUnavailabe, "%s: read count: %v", name, decodeErr)
+	}
+	return rc, nil
+}
+
+// awaitKey waits until accept takes a value of key in FABRIC_CTRL, the
+// current one or a later put. A key-value put is a message on the key's
+// subject, so the wait is a plain subscription to it (made before the
+// second look, so no put is missed), with no consumer on the broker.
+func (x *exec) awaitKey(ctx context.Context, key string, accept func([]byte) bool) error {
+	kv, nc := x.d.w.ctrl, x.d.w.nc
+	current := func() (bool, error) {
+		e, err := kv.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return false, nil
+		}
+		return err == nil && accept(e.Value()), err
+	}
+	if ok, err := current(); ok || err != nil {
+		return err
+	}
+	sub, err := nc.SubscribeSync(x.d.w.names.CtrlSubject(key))
+	if err != nil {
+		return err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := nc.FlushWithContext(ctx); err != nil {
+		return err
+	}
+	if ok, err := current(); ok || err != nil {
+		return err
+	}
+	for {
+		m, err := sub.NextMsgWithContext(ctx)
+		if err != nil {
+			return err
+		}
+		// A put; deletes and purges say so in a header.
+		if m.Header.Get(kvOperation) == "" && accept(m.Data) {
+			return nil
+		}
+	}
+}
+
+// storeLag bounds how long a key seen on its subject may take to be
+// readable from the stream: a core subscriber can get a put before the
+// stream has stored it.
+const storeLag = 2 * time.Second
+
+// kvOperation is the header that marks a key-value delete or purge.
+const kvOperation = "KV-Operation"
+
+// announced is the tensor meta a writer announced, checked against the
+// limits: it came over the wire.
+func (x *exec) announced(ctx context.Context, name string, rc readCount) (kernels.Meta, error) {
+	if rc.DType == "" { // a writer that announced no meta: read it from the object
+		info, err := x.d.w.xfer.Stat(ctx, name)
+		if err != nil {
+			return kernels.Meta{}, failf(codec.CodeUnavailabe, "%s: %v", name, err)
+		}
+		m, err := metaOf(info)
+		if err != nil {
+			return m, failf(codec.CodeUnavailabe, "%s: %v", name, err)
+		}
+		return m, nil
+	}
+	if rc.NUID != "" {
+		if err := objectstore.ValidNUID(rc.NUID); err != nil {
+			return kernels.Meta{}, failf(codec.CodeUnavailabe, "%s: announcement: %v", name, err)
+		}
+	}
+	m, err := parseMeta(rc.DType, rc.Shape)
+	if err != nil {
+		return m, failf(codec.CodeUnavailabe, "%s: announcement: %v", name, err)
+	}
+	if err := kernels.CheckShape(m.Shape, x.d.w.cfg.Limits.Tensor); err != nil {
+		return m, failf(codec.CodeLimit, "%s: %v", name, err)
+	}
+	return m, nil
 }
 
 // countRead records a read of name by who, refusing reads past the bound.
 func (x *exec) countRead(ctx context.Context, name, who string) error {
 	kv := x.d.w.ctrl
-	for {
+	lag := time.Now().Add(storeLag)
+	for wait := 100 * time.Microsecond; ; {
 		e, err := kv.Get(ctx, subjects.TransferKey(name))
+		if errors.Is(err, jetstream.ErrKeyNotFound) && time.Now().Before(lag) {
+			// The announcement reached our subscription before the stream
+			// stored it: look again shortly.
+			select {
+			case <-ctx.Done():
+				return failf(codec.CodeUnavailabe, "%s: read count: %v", name, ctx.Err())
+			case <-time.After(wait):
+			}
+			wait = min(2*wait, 10*time.Millisecond)
+			continue
+		}
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return failf(codec.CodeUnavailabe, "%s is gone: its read count was deleted (read to its limit, or expired)", name)
+		}
 		if err != nil {
 			return failf(codec.CodeUnavailabe, "%s: read count: %v", name, err)
 		}
@@ -165,25 +341,33 @@ func (d *device) dropConsumed(ctx context.Context) {
 }
 
 func metaOf(info objectstore.Info) (kernels.Meta, error) {
-	dt, err := kernels.ParseDType(info.Meta["dtype"])
-	if err != nil || info.Meta["dtype"] == "" {
-		return kernels.Meta{}, fmt.Errorf("not a tensor (dtype %q)", info.Meta["dtype"])
+	m, err := parseMeta(info.Meta["dtype"], info.Meta["shape"])
+	if err != nil {
+		return m, err
 	}
-	shape := []int{}
-	if s := info.Meta["shape"]; s != "" {
-		for _, p := range strings.Split(s, ",") {
-			d, err := strconv.Atoi(p)
-			if err != nil || d < 0 {
-				return kernels.Meta{}, fmt.Errorf("shape %q", s)
-			}
-			shape = append(shape, d)
-		}
-	}
-	m := kernels.Meta{DType: dt, Shape: shape}
 	if int64(m.Bytes()) != info.Size {
-		return m, fmt.Errorf("%v %v needs %d bytes, the object holds %d", dt, shape, m.Bytes(), info.Size)
+		return m, fmt.Errorf("%v %v needs %d bytes, the object holds %d", m.DType, m.Shape, m.Bytes(), info.Size)
 	}
 	return m, nil
+}
+
+// parseMeta reads a tensor meta as objects and announcements spell it.
+func parseMeta(dtype, shape string) (kernels.Meta, error) {
+	dt, err := kernels.ParseDType(dtype)
+	if err != nil || dtype == "" {
+		return kernels.Meta{}, fmt.Errorf("not a tensor (dtype %q)", dtype)
+	}
+	dims := []int{}
+	if shape != "" {
+		for _, p := range strings.Split(shape, ",") {
+			d, err := strconv.Atoi(p)
+			if err != nil || d < 0 {
+				return kernels.Meta{}, fmt.Errorf("shape %q", shape)
+			}
+			dims = append(dims, d)
+		}
+	}
+	return kernels.Meta{DType: dt, Shape: dims}, nil
 }
 
 func (x *exec) download(t *kernels.Tensor) ([]byte, error) {
@@ -192,6 +376,30 @@ func (x *exec) download(t *kernels.Tensor) ([]byte, error) {
 		return nil, err
 	}
 	return buf, nil
+}
+
+// hostMemory is a buffer that lives in host memory (the CPU backend's):
+// it is read and written in place, with no copy.
+type hostMemory interface{ Host() []byte }
+
+// hostView returns t's bytes in place when its buffer is host memory,
+// else nil. Tensors are immutable: a view is only read, or filled before
+// the tensor is published.
+func hostView(t *kernels.Tensor) []byte {
+	if h, ok := t.Buf.(hostMemory); ok {
+		if b := h.Host(); len(b) >= t.Bytes() {
+			return b[:t.Bytes()]
+		}
+	}
+	return nil
+}
+
+// bytesOf returns t's bytes to be read: in place, or a host copy.
+func (x *exec) bytesOf(t *kernels.Tensor) ([]byte, error) {
+	if b := hostView(t); b != nil {
+		return b, nil
+	}
+	return x.download(t)
 }
 
 // place makes output id from host bytes.
@@ -208,6 +416,49 @@ func (x *exec) place(id uint64, m kernels.Meta, data []byte) error {
 	return nil
 }
 
+// receiver allocates a tensor and the host bytes to fill: the tensor's own
+// memory when it lives on the host, else a staging buffer that done
+// uploads. Every byte is written before the tensor is placed (a failed
+// read drops it), so the buffer is not cleared first. Its owner calls
+// done, or drop on failure.
+type receiver struct {
+	x       *exec
+	t       *kernels.Tensor
+	host    []byte
+	staging bool
+}
+
+func (r *receiver) alloc(m kernels.Meta) ([]byte, error) {
+	t, err := r.x.allocFilled(m)
+	if err != nil {
+		return nil, err
+	}
+	r.t = t
+	if r.host = hostView(t); r.host == nil {
+		r.host, r.staging = make([]byte, m.Bytes()), true
+	}
+	return r.host, nil
+}
+
+// done places the filled tensor as output id.
+func (r *receiver) done(id uint64) error {
+	if r.staging {
+		if err := r.x.d.cfg.Backend.Upload(r.t.Buf, r.host); err != nil {
+			r.drop()
+			return err
+		}
+	}
+	r.x.s.tensors[id] = entry{t: r.t}
+	return nil
+}
+
+func (r *receiver) drop() {
+	if r.t != nil {
+		r.x.release([]*kernels.Tensor{r.t})
+		r.t = nil
+	}
+}
+
 // expose writes input 0 under the op's transfer id, for op.Reads imports.
 func (x *exec) expose(i int, op *codec.Op) error {
 	if len(op.In) != 1 || len(op.Out) != 0 {
@@ -221,7 +472,7 @@ func (x *exec) expose(i int, op *codec.Op) error {
 	if err != nil {
 		return err
 	}
-	data, err := x.download(t)
+	data, err := x.bytesOf(t)
 	if err != nil {
 		return err
 	}
@@ -252,11 +503,12 @@ func (x *exec) importT(i int, op *codec.Op) error {
 	want.Shape = op.Shape
 	ctx, cancel := context.WithTimeout(context.Background(), x.timeout(op))
 	defer cancel()
-	m, data, err := x.fetchObject(ctx, subjects.TransferObject(op.Transfer), x.identity(i), want)
-	if err != nil {
+	r := &receiver{x: x}
+	if _, err := x.fetchInto(ctx, subjects.TransferObject(op.Transfer), x.identity(i), want, r.alloc); err != nil {
+		r.drop()
 		return err
 	}
-	return x.place(op.Out[0], m, data)
+	return r.done(op.Out[0])
 }
 
 // collective runs this rank's part of a collective op. Pieces travel
@@ -303,7 +555,7 @@ func (x *exec) collective(i int, op *codec.Op) error {
 			if err != nil {
 				return err
 			}
-			data, err := x.download(t)
+			data, err := x.bytesOf(t) // only read: the pieces and results are new buffers
 			if err != nil {
 				return err
 			}
@@ -329,7 +581,7 @@ func (x *exec) collective(i int, op *codec.Op) error {
 	if err != nil {
 		return err
 	}
-	data, err := x.download(t)
+	data, err := x.bytesOf(t) // only read: the pieces and results are new buffers
 	if err != nil {
 		return err
 	}

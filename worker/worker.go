@@ -76,10 +76,10 @@ func (w *Worker) Start(ctx context.Context) error {
 	if w.ctrl, err = w.js.KeyValue(ctx, w.names.CtrlBucket()); err != nil {
 		return fmt.Errorf("worker: bucket %s: %w", w.names.CtrlBucket(), err)
 	}
-	if w.xfer, err = objectstore.New(w.js, w.names.XferBucket()); err != nil {
+	if w.xfer, err = objectstore.New(w.js, w.names.XferBucket(), objectstore.WithTimeout(w.cfg.ObjectTimeout)); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
-	if w.ckpt, err = objectstore.New(w.js, w.names.CkptBucket()); err != nil {
+	if w.ckpt, err = objectstore.New(w.js, w.names.CkptBucket(), objectstore.WithTimeout(w.cfg.ObjectTimeout)); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
 	ready := make(chan error, len(w.devices))

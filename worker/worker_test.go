@@ -312,13 +312,14 @@ func TestBadConfig(t *testing.T) {
 	nc, _ := nats.Connect(b.ClientURL())
 	defer nc.Close()
 	for name, edit := range map[string]func(*worker.Config){
-		"no devices":  func(c *worker.Config) { c.Devices = nil },
-		"bad name":    func(c *worker.Config) { c.Devices[0].Name = "cpu.0" },
-		"twice":       func(c *worker.Config) { c.Devices = append(c.Devices, c.Devices[0]) },
-		"no backend":  func(c *worker.Config) { c.Devices[0].Backend = nil },
-		"no beat":     func(c *worker.Config) { c.Heartbeat = 0 },
-		"bad prefix":  func(c *worker.Config) { c.Prefix = "a b" },
-		"zero limits": func(c *worker.Config) { c.Limits.MaxSessions = 0 },
+		"no devices":        func(c *worker.Config) { c.Devices = nil },
+		"bad name":          func(c *worker.Config) { c.Devices[0].Name = "cpu.0" },
+		"twice":             func(c *worker.Config) { c.Devices = append(c.Devices, c.Devices[0]) },
+		"no backend":        func(c *worker.Config) { c.Devices[0].Backend = nil },
+		"no beat":           func(c *worker.Config) { c.Heartbeat = 0 },
+		"bad prefix":        func(c *worker.Config) { c.Prefix = "a b" },
+		"zero limits":       func(c *worker.Config) { c.Limits.MaxSessions = 0 },
+		"no object timeout": func(c *worker.Config) { c.ObjectTimeout = 0 },
 	} {
 		cfg := worker.DefaultConfig()
 		cfg.Devices = []worker.Device{{Name: "cpu-0", Backend: cpu.New()}}
