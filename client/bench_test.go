@@ -21,9 +21,9 @@ import (
 // workers starts a broker and n workers, each serving one CPU device
 // (cpu-0 ... cpu-n-1) over its own connection: the devices' data moves
 // between workers only through the broker.
-func workers(b testing.TB, n int) (*broker.Broker, *client.Client) {
+func workers(b testing.TB, n int, edit ...func(*broker.Config)) (*broker.Broker, *client.Client) {
 	b.Helper()
-	br := brokertest.Run(b, func(c *broker.Config) { c.Provision.XferMaxBytes = 20 << 30 })
+	br := brokertest.Run(b, append([]func(*broker.Config){func(c *broker.Config) { c.Provision.XferMaxBytes = 20 << 30 }}, edit...)...)
 	for i, d := range workertest.CPUs(n) {
 		d.Name = fmt.Sprintf("cpu-%d", i)
 		workertest.Run(b, br, []worker.Device{d}, func(c *worker.Config) {
@@ -53,26 +53,15 @@ var sizes = []struct {
 // BenchmarkTransfer moves a tensor between two workers: from the expose
 // being issued to the import complete. Beside it, in the same run, the raw
 // NATS paths: core pub/sub of 1 MiB messages, and nats.go's object store
-// Put then Get of the same bytes.
+// Put then Get of the same bytes. The fabric runs twice, with FABRIC_XFER
+// on file and on memory storage.
 func BenchmarkTransfer(b *testing.B) {
 	br, c := workers(b, 2)
+	_, cmem := workers(b, 2, func(c *broker.Config) { c.Provision.XferStorage = jetstream.MemoryStorage })
 	ctx := context.Background()
 	for _, sz := range sizes {
-		b.Run("fabric/"+sz.name, func(b *testing.B) {
-			src, dst := open(b, c, "cpu-0"), open(b, c, "cpu-1")
-			x := src.Full([]int{sz.n / 4}, 1.5)
-			if err := src.Sync(ctx); err != nil {
-				b.Fatal(err)
-			}
-			b.SetBytes(int64(sz.n))
-			for b.Loop() {
-				y := x.To(dst)
-				if err := dst.Sync(ctx); err != nil {
-					b.Fatal(err)
-				}
-				y.Free()
-			}
-		})
+		b.Run("fabric/"+sz.name, func(b *testing.B) { benchTransfer(b, c, sz.n) })
+		b.Run("fabric-memory/"+sz.name, func(b *testing.B) { benchTransfer(b, cmem, sz.n) })
 		b.Run("nats-object-put-get/"+sz.name, func(b *testing.B) {
 			nc, _ := nats.Connect(br.ClientURL())
 			defer nc.Close()
@@ -128,6 +117,25 @@ func BenchmarkTransfer(b *testing.B) {
 			}
 		}
 	})
+}
+
+// benchTransfer moves a tensor of n bytes from cpu-0 to cpu-1, as often
+// as the benchmark asks.
+func benchTransfer(b *testing.B, c *client.Client, n int) {
+	ctx := context.Background()
+	src, dst := open(b, c, "cpu-0"), open(b, c, "cpu-1")
+	x := src.Full([]int{n / 4}, 1.5)
+	if err := src.Sync(ctx); err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(n))
+	for b.Loop() {
+		y := x.To(dst)
+		if err := dst.Sync(ctx); err != nil {
+			b.Fatal(err)
+		}
+		y.Free()
+	}
 }
 
 // BenchmarkAllReduce reduces 64 MiB of f32 over 2 and 4 devices, with the

@@ -30,7 +30,7 @@ type Client struct {
 	js    jetstream.JetStream
 
 	mu       sync.Mutex
-	sessions map[string]*Session // by op subject, for publish errors
+	sessions map[string]*Session // by op subject, for the stream's acknowledgements
 	xfer     *objectstore.Store
 	closed   bool
 }
@@ -83,20 +83,24 @@ func newClient(nc *nats.Conn, o options) (*Client, error) {
 	c := &Client{opts: o, names: names, nc: nc, sessions: map[string]*Session{}}
 	c.js, err = jetstream.New(nc,
 		jetstream.WithPublishAsyncMaxPending(o.window),
-		jetstream.WithPublishAsyncErrHandler(c.publishFailed))
+		jetstream.WithPublishAsyncAckHandler(func(_ jetstream.JetStream, m *nats.Msg, _ *jetstream.PubAck) { c.published(m, nil) }),
+		jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, m *nats.Msg, err error) { c.published(m, err) }))
 	if err != nil {
 		return nil, fmt.Errorf("client: %w", err)
 	}
 	return c, nil
 }
 
-// publishFailed records a refused frame on its session.
-func (c *Client) publishFailed(_ jetstream.JetStream, m *nats.Msg, err error) {
+// published hands the stream's answer to an acknowledged publish (err nil
+// when it stored the message) to the session whose frame it was. Answers
+// to other publishes on the client's JetStream context (the object store's
+// chunks) find no session.
+func (c *Client) published(m *nats.Msg, err error) {
 	c.mu.Lock()
 	s := c.sessions[m.Subject]
 	c.mu.Unlock()
 	if s != nil {
-		s.fail(fmt.Errorf("%w: %d bytes on %s: %v", ErrPublish, len(m.Data), m.Subject, err))
+		s.published(m, err)
 	}
 }
 
@@ -217,7 +221,7 @@ func (c *Client) objects() (*objectstore.Store, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.xfer == nil {
-		s, err := objectstore.New(c.js, c.names.XferBucket())
+		s, err := objectstore.New(c.js, c.names.XferBucket(), objectstore.WithTimeout(c.opts.objectTimeout))
 		if err != nil {
 			return nil, fmt.Errorf("client: %w", err)
 		}

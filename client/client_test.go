@@ -2,16 +2,23 @@ package client_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"math"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetfabric/jetfabric/broker"
 	"github.com/jetfabric/jetfabric/broker/brokertest"
 	"github.com/jetfabric/jetfabric/client"
 	"github.com/jetfabric/jetfabric/codec"
+	"github.com/jetfabric/jetfabric/objectstore"
+	"github.com/jetfabric/jetfabric/subjects"
 	"github.com/jetfabric/jetfabric/worker"
 	"github.com/jetfabric/jetfabric/worker/workertest"
 )
@@ -237,6 +244,13 @@ func TestLargeTensorsGoThroughTheObjectStore(t *testing.T) {
 	if len(got) != n || got[999] != 1998.5 || got[1000] != 0.5 {
 		t.Fatalf("%d values, [999]=%v [1000]=%v", len(got), got[999], got[1000])
 	}
+	// 8 MiB comes back through the object store, the client copying the
+	// chunks while the worker writes them.
+	w := s.Arange(0, float64(2*n), 1)
+	back := read(t, w)
+	if len(back) != 2*n || back[0] != 0 || back[2*n-1] != float32(2*n-1) || back[123457] != 123457 {
+		t.Fatalf("%d values read back, [123457]=%v", len(back), back[123457])
+	}
 }
 
 func TestClosedSession(t *testing.T) {
@@ -262,9 +276,86 @@ func TestBadOptions(t *testing.T) {
 		"bytes":   client.WithMaxFrame(10, 1<<30),
 		"inline":  client.WithInlineUpload(100 << 20),
 		"window0": client.WithPublishWindow(0),
+		"objects": client.WithObjectTimeout(0),
 	} {
 		if _, err := client.Connect("nats://127.0.0.1:1", o); !errors.Is(err, client.ErrInvalidOption) {
 			t.Errorf("%s: %v", name, err)
 		}
+	}
+}
+
+// TestReadAsksAgainWhenTheWriterStops: a large result whose writer stops
+// mid-object (its worker died) is asked for again, and the second answer
+// is the one returned. The device is served here by a stand-in for a
+// worker, over the real broker, so that the first answer can stop.
+func TestReadAsksAgainWhenTheWriterStops(t *testing.T) {
+	br := brokertest.Run(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	nc, err := nats.Connect(br.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	kv, err := js.KeyValue(ctx, "FABRIC_CTRL")
+	if err != nil {
+		t.Fatal(err)
+	}
+	entry, _ := json.Marshal(codec.Device{Name: "fake-0", Kind: "cpu", State: "serving", Beat: time.Now()})
+	if _, err := kv.Put(ctx, "device.fake-0", entry); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.OrderedConsumer(ctx, "FABRIC_OPS", jetstream.OrderedConsumerConfig{FilterSubjects: []string{"fabric.ops.fake-0.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reads atomic.Int32
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		var f codec.Frame
+		if err := codec.Unmarshal(codec.CBOR, m.Data(), &f); err != nil {
+			t.Errorf("stand-in: frame: %v", err)
+			return
+		}
+		for _, op := range f.Ops {
+			if op.Op != "read" {
+				continue
+			}
+			res := codec.Result{V: codec.Version, Tag: op.Tag, Tensor: &codec.Tensor{DType: "f32", Shape: []int{2}}}
+			if reads.Add(1) == 1 {
+				// Announce the object, write half of it, and stop.
+				nuid := objectstore.NewNUID()
+				res.Tensor.Object, res.Tensor.NUID = "result-stalled", nuid
+				if _, err := js.Publish(ctx, "$O.FABRIC_XFER.C."+nuid, make([]byte, 4)); err != nil {
+					t.Errorf("stand-in: %v", err)
+				}
+			} else {
+				res.Tensor.Data = []byte{0, 0, 0x80, 0x3f, 0, 0, 0, 0x40} // 1, 2
+			}
+			b, _ := codec.Marshal(codec.CBOR, &res)
+			_ = nc.Publish(m.Headers().Get(subjects.HeaderReply), b)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Stop()
+
+	c, err := client.Connect(br.ClientURL(), client.WithObjectTimeout(300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := c.Open(ctx, "fake-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Full([]int{2}, 0).Float32s(ctx)
+	if err != nil {
+		t.Fatalf("read whose first writer stopped: %v", err)
+	}
+	expect(t, "second answer", got, 1, 2)
+	if n := reads.Load(); n != 2 {
+		t.Errorf("the stand-in answered %d reads, want 2", n)
 	}
 }

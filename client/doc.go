@@ -17,6 +17,11 @@
 //	b := a.Matmul(a).Add(s.Full([]int{2, 2}, 1)).Relu()
 //	vals, err := b.Float32s(ctx) // [8 11 16 23]
 //
+// A frame the stream refuses (full, over its maximum message size, or no
+// stream capturing the subject) is reported as ErrPublish: by the read,
+// sync or close whose frame it was, about three frame-check intervals after
+// it was sent (WithFrameCheck), or else by the session's next read or sync.
+//
 // Errors from the worker (a shape mismatch, an unknown id) do not stop the
 // building of ops: they surface on the session's next read or sync, as
 // *codec.Error values naming the op, its position and the reason (use

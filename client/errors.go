@@ -15,6 +15,7 @@ var (
 	ErrInvalidArgument = errors.New("client: invalid argument")
 	// ErrDType: the tensor's dtype does not fit the read asked for.
 	ErrDType = errors.New("client: dtype mismatch")
-	// ErrPublish: a frame was refused by the server.
+	// ErrPublish: a frame was not stored: the stream refused it, or no
+	// stream captures its subject.
 	ErrPublish = errors.New("client: frame not accepted")
 )

@@ -17,6 +17,8 @@ type options struct {
 	inlineUpload  int
 	natsOpts      []nats.Option
 	window        int
+	frameCheck    time.Duration
+	objectTimeout time.Duration
 }
 
 func defaultOptions() options {
@@ -27,6 +29,8 @@ func defaultOptions() options {
 		maxFrameBytes: 1 << 20,
 		inlineUpload:  4 << 20,
 		window:        256,
+		frameCheck:    200 * time.Millisecond,
+		objectTimeout: 5 * time.Second,
 	}
 }
 
@@ -87,6 +91,43 @@ func WithPublishWindow(n int) Option {
 			return fmt.Errorf("%w: publish window %d", ErrInvalidOption, n)
 		}
 		o.window = n
+		return nil
+	}
+}
+
+// WithFrameCheck sets how long a read, sync or close waits for its answer
+// before it asks the stream whether it stored the frame carrying it
+// (default 200ms). Such frames are published without asking for the
+// stream's acknowledgement, the answer being proof enough. A frame the
+// stream holds is not checked again; one it refused (full, over its max
+// message size, no stream captures the subject) fails its call with
+// ErrPublish at the second check, about 3d after it was sent; one missing
+// for no reason the stream gives (lost with a broken connection), at the
+// fifth, the checks being d, 2d, 4d... apart, so about 31d after. A stream
+// that takes longer than that to store a frame it accepts makes that a
+// false alarm: keep d well above the stream's worst storing delay. A check
+// costs a few JetStream API requests and is made only for calls not
+// answered within d.
+func WithFrameCheck(d time.Duration) Option {
+	return func(o *options) error {
+		if d < time.Millisecond || d > time.Minute {
+			return fmt.Errorf("%w: frame check %v, want [1ms, 1m]", ErrInvalidOption, d)
+		}
+		o.frameCheck = d
+		return nil
+	}
+}
+
+// WithObjectTimeout bounds each step of an object store read or write
+// (large uploads and results), and how long a read copying a result while
+// the worker writes it waits for the next chunk before it decides that
+// the worker stopped and asks again (default 5s).
+func WithObjectTimeout(d time.Duration) Option {
+	return func(o *options) error {
+		if d < time.Millisecond || d > time.Hour {
+			return fmt.Errorf("%w: object timeout %v, want [1ms, 1h]", ErrInvalidOption, d)
+		}
+		o.objectTimeout = d
 		return nil
 	}
 }

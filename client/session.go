@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetfabric/jetfabric/codec"
+	"github.com/jetfabric/jetfabric/objectstore"
 	"github.com/jetfabric/jetfabric/subjects"
 )
 
@@ -37,7 +39,21 @@ type Session struct {
 	// returned by a read or sync.
 	errs   []error
 	closed bool
-	last   jetstream.PubAckFuture
+	// frames numbers the frames published (header Fabric-Frame).
+	frames uint64
+	// acksSent counts the frames published asking for the stream's
+	// acknowledgement.
+	acksSent uint64
+	// acks holds the stream's answers to them, under a lock of its own:
+	// the JetStream context's callback that fills it must never wait for
+	// mu, which a publisher holds while it waits for the publish window,
+	// which that callback's goroutine frees.
+	acks struct {
+		sync.Mutex
+		done    uint64        // frames answered
+		wake    chan struct{} // closed when done grows while a call waits (see settle)
+		refused []error       // refusals not yet returned by a read or sync
+	}
 	// record: a job being built; ops are kept, never sent (see NewJob).
 	record bool
 	// replies receives every answer on the inbox; see route.
@@ -141,28 +157,37 @@ func (s *Session) enqueue(op codec.Op, outs int, in ...*Tensor) *Tensor {
 		}
 		first = op.Out[0]
 	}
-	s.queueLocked(op)
+	s.queueLocked(op, false)
 	return &Tensor{s: s, id: first}
 }
 
-func (s *Session) queueLocked(op codec.Op) {
+// queueLocked adds op to the frame being built, publishing the frame
+// first if op does not fit in it. An op a call waits on (waited: a read,
+// sync or close) is published at once, in a frame whose number and size
+// are returned (see publishLocked); any other is published when the frame
+// is full or on the timer.
+func (s *Session) queueLocked(op codec.Op, waited bool) (frame uint64, size int) {
 	if s.record {
 		s.queued = append(s.queued, op)
-		return
+		return 0, 0
 	}
-	size := 48 + len(op.Data) + 8*(len(op.In)+len(op.Out)+len(op.Shape)+len(op.Axes)+len(op.Perm)+len(op.Values))
-	if len(s.queued) > 0 && (len(s.queued) >= s.c.opts.maxFrameOps || s.qbytes+size > s.c.opts.maxFrameBytes) {
+	opSize := 48 + len(op.Data) + 8*(len(op.In)+len(op.Out)+len(op.Shape)+len(op.Axes)+len(op.Perm)+len(op.Values))
+	if len(s.queued) > 0 && (len(s.queued) >= s.c.opts.maxFrameOps || s.qbytes+opSize > s.c.opts.maxFrameBytes) {
 		s.flushLocked()
 	}
 	s.queued = append(s.queued, op)
-	s.qbytes += size
+	s.qbytes += opSize
+	if waited {
+		return s.publishLocked(true)
+	}
 	if len(s.queued) >= s.c.opts.maxFrameOps || s.qbytes >= s.c.opts.maxFrameBytes {
 		s.flushLocked()
-		return
+		return 0, 0
 	}
 	if s.timer == nil {
 		s.timer = time.AfterFunc(s.c.opts.flushDelay, s.flushTimer)
 	}
+	return 0, 0
 }
 
 func (s *Session) flushTimer() {
@@ -172,29 +197,114 @@ func (s *Session) flushTimer() {
 	s.flushLocked()
 }
 
-// flushLocked publishes the queued ops as one frame.
-func (s *Session) flushLocked() {
+// flushLocked publishes the queued ops as one frame, asking for the
+// stream's acknowledgement.
+func (s *Session) flushLocked() { s.publishLocked(false) }
+
+// publishLocked publishes the queued ops as one frame and returns its
+// number and size, or 0 when nothing was published (the reason is in
+// s.errs).
+//
+// A frame that no call waits on is published asking for the stream's
+// acknowledgement (asynchronously, up to the publish window in flight):
+// that is how a refusal of it is learnt (see published). A frame that a
+// call waits on (waited) carries its read, sync or close, and the worker's
+// answer confirms that the stream stored it; it goes out as a plain core
+// publish, which JetStream stores all the same, without an acknowledgement
+// that would wake this process while the worker works. If the answer is
+// late, call checks that the stream holds the frame (see check). Both kinds
+// go out on the one connection, so the stream stores them in the order they
+// were published.
+func (s *Session) publishLocked(waited bool) (frame uint64, size int) {
 	if s.timer != nil {
 		s.timer.Stop()
 		s.timer = nil
 	}
 	if len(s.queued) == 0 || s.record {
-		return
+		return 0, 0
 	}
 	data, err := codec.Marshal(codec.CBOR, &codec.Frame{V: codec.Version, Ops: s.queued})
 	s.queued = s.queued[:0]
 	s.qbytes = 0
 	if err != nil {
 		s.errs = append(s.errs, fmt.Errorf("client: encode frame: %w", err))
-		return
+		return 0, 0
 	}
-	msg := &nats.Msg{Subject: s.subject, Data: data, Header: nats.Header{subjects.HeaderReply: []string{s.inbox}}}
-	f, err := s.c.js.PublishMsgAsync(msg)
+	n := s.frames + 1
+	msg := &nats.Msg{Subject: s.subject, Data: data, Header: nats.Header{
+		subjects.HeaderReply: []string{s.inbox},
+		subjects.HeaderFrame: []string{strconv.FormatUint(n, 10)},
+	}}
+	if waited {
+		err = s.c.nc.PublishMsg(msg)
+	} else {
+		_, err = s.c.js.PublishMsgAsync(msg)
+	}
 	if err != nil {
-		s.errs = append(s.errs, fmt.Errorf("%w: %v", ErrPublish, err))
-		return
+		s.errs = append(s.errs, fmt.Errorf("%w: frame %d of %d bytes on %s: %v", ErrPublish, n, len(data), s.subject, err))
+		return 0, 0
 	}
-	s.last = f
+	s.frames = n
+	if !waited {
+		s.acksSent++
+	}
+	// The size the stream's limits apply to: the data and the headers
+	// ("NATS/1.0\r\n", "key: value\r\n" each, "\r\n").
+	hdr := 12 + 4 + len(subjects.HeaderReply) + len(s.inbox) + 4 + len(subjects.HeaderFrame) + len(msg.Header[subjects.HeaderFrame][0])
+	return n, len(data) + hdr
+}
+
+// published records the stream's answer to a frame published asking for
+// an acknowledgement: a refusal is returned by the next read or sync.
+func (s *Session) published(m *nats.Msg, err error) {
+	s.acks.Lock()
+	defer s.acks.Unlock()
+	s.acks.done++
+	if err != nil {
+		s.acks.refused = append(s.acks.refused, fmt.Errorf("%w: frame %s of %d bytes on %s: %v", ErrPublish, m.Header.Get(subjects.HeaderFrame), len(m.Data), m.Subject, err))
+	}
+	if s.acks.wake != nil {
+		close(s.acks.wake)
+		s.acks.wake = nil
+	}
+}
+
+// settleWait bounds settle: the stream's answers to earlier frames
+// normally reach the connection before the worker's answer to a later one,
+// so it is only hit when one was lost.
+const settleWait = time.Second
+
+// settle waits, at most settleWait, until the stream has answered the
+// first n frames published asking for an acknowledgement, so that a
+// refusal of a frame published before a call's own is returned by that
+// call. It seldom waits: those answers reach the connection before the
+// worker's answer to a later frame.
+func (s *Session) settle(ctx context.Context, n uint64) {
+	var timeout <-chan time.Time
+	for {
+		s.acks.Lock()
+		if s.acks.done >= n {
+			s.acks.Unlock()
+			return
+		}
+		if s.acks.wake == nil {
+			s.acks.wake = make(chan struct{})
+		}
+		wake := s.acks.wake
+		s.acks.Unlock()
+		if timeout == nil {
+			t := time.NewTimer(settleWait)
+			defer t.Stop()
+			timeout = t.C
+		}
+		select {
+		case <-wake:
+		case <-timeout:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // Flush sends the queued ops now, without waiting for them.
@@ -206,7 +316,11 @@ func (s *Session) Flush() {
 
 // call queues op (a read, sync or close) with a fresh tag, flushes, and
 // waits for its result. Errors recorded here and errors the worker reports
-// come back joined.
+// come back joined. The frame carrying op is published without asking for
+// the stream's acknowledgement (see publishLocked); if no answer has come
+// after the frame-check interval, call asks the stream whether it holds the
+// frame, again at doubling intervals until it does, and fails with
+// ErrPublish when it keeps not holding it (see check).
 func (s *Session) call(ctx context.Context, op codec.Op) (*codec.Result, error) {
 	ch := make(chan *codec.Result, 1)
 	s.mu.Lock()
@@ -221,28 +335,135 @@ func (s *Session) call(ctx context.Context, op codec.Op) (*codec.Result, error) 
 	s.nextTag++
 	op.Tag = s.nextTag
 	s.waiters[op.Tag] = ch
-	s.queueLocked(op)
-	s.flushLocked()
-	last := s.last
-	s.mu.Unlock()
-	var ackErr <-chan error
-	if last != nil {
-		ackErr = last.Err()
+	frame, size := s.queueLocked(op, true)
+	acks := s.acksSent
+	if frame == 0 {
+		delete(s.waiters, op.Tag)
+		s.mu.Unlock()
+		return nil, s.collect(nil)
 	}
+	s.mu.Unlock()
+	wait := s.c.opts.frameCheck
+	check := time.NewTimer(wait)
+	defer check.Stop()
+	start := time.Now()
+	misses := 0 // checks that found the frame not in the stream
 	for {
 		select {
 		case r := <-ch:
+			s.settle(ctx, acks)
 			return r, s.collect(r.Errors)
 		case m := <-s.replies:
 			s.route(m)
-		case err := <-ackErr:
-			s.drop(op.Tag)
-			return nil, errors.Join(s.collect(nil), fmt.Errorf("%w: %v", ErrPublish, err))
+		case <-check.C:
+			state, why := s.check(ctx, frame, size)
+			if state == frameStored {
+				// The answer comes when the worker gets to the frame (or
+				// a worker taking the device over replays it).
+				continue
+			}
+			if state != frameUnknown {
+				// A frame purged by a checkpoint is no longer in the
+				// stream either, but the worker answered it before the
+				// purge, so the answer reached the connection before the
+				// check's did: look for it first. Then check again before
+				// calling the frame lost (another goroutine may be routing
+				// the answer): twice when a limit of the stream explains
+				// the absence, five times over about 30 intervals when
+				// nothing does (the stream may be slow to store it).
+				if r := s.drain(ch); r != nil {
+					s.settle(ctx, acks)
+					return r, s.collect(r.Errors)
+				}
+				if misses++; state == frameRefused && misses >= 2 || misses >= 5 {
+					s.drop(op.Tag)
+					return nil, errors.Join(s.collect(nil), fmt.Errorf("%w: %s on %s: no answer after %v, and %v", ErrPublish, op.Op, s.device, time.Since(start).Round(time.Millisecond), why))
+				}
+			}
+			wait = min(2*wait, maxFrameCheck)
+			check.Reset(wait)
 		case <-ctx.Done():
 			s.drop(op.Tag)
 			return nil, fmt.Errorf("client: %s on %s: %w", op.Op, s.device, ctx.Err())
 		}
 	}
+}
+
+// drain routes the answers that have arrived and returns the one on ch,
+// if it was among them.
+func (s *Session) drain(ch <-chan *codec.Result) *codec.Result {
+	for {
+		select {
+		case r := <-ch:
+			return r
+		case m := <-s.replies:
+			s.route(m)
+		default:
+			return nil
+		}
+	}
+}
+
+// maxFrameCheck bounds the wait between two checks of one frame.
+const maxFrameCheck = 10 * time.Second
+
+// frameState is what a check learnt of a frame.
+type frameState int
+
+const (
+	frameUnknown frameState = iota // the check failed (no JetStream for now)
+	frameStored
+	frameRefused // not in the stream, and one of its limits says why
+	frameMissing // not in the stream, and nothing says why
+)
+
+// check asks the stream whether it holds frame n (of size bytes) of the
+// session; when it does not, why says so. The stream stores a session's
+// frames in the order they were published, so it holds frame n if the
+// last frame it holds on the session's subject is n or later.
+func (s *Session) check(ctx context.Context, n uint64, size int) (state frameState, why error) {
+	ctx, cancel := context.WithTimeout(ctx, max(s.c.opts.frameCheck, 2*time.Second))
+	defer cancel()
+	js := s.c.js
+	name, err := js.StreamNameBySubject(ctx, s.subject)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return frameRefused, fmt.Errorf("no stream captures %s", s.subject)
+	} else if err != nil {
+		return frameUnknown, nil
+	}
+	stream, err := js.Stream(ctx, name)
+	if err != nil {
+		return frameUnknown, nil
+	}
+	var last uint64
+	m, err := stream.GetLastMsgForSubject(ctx, s.subject)
+	switch {
+	case err == nil:
+		last, _ = strconv.ParseUint(m.Header.Get(subjects.HeaderFrame), 10, 64)
+		if last >= n {
+			return frameStored, nil
+		}
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+	default:
+		return frameUnknown, nil
+	}
+	info := stream.CachedInfo()
+	cfg, st := info.Config, info.State
+	what := fmt.Sprintf("stream %s does not hold frame %d (%d bytes) of the session", name, n, size)
+	if last > 0 {
+		what += fmt.Sprintf(" (the last it holds is frame %d)", last)
+	}
+	switch {
+	case cfg.Sealed:
+		return frameRefused, fmt.Errorf("%s: the stream is sealed", what)
+	case cfg.MaxMsgSize > 0 && size > int(cfg.MaxMsgSize):
+		return frameRefused, fmt.Errorf("%s: over its max message size of %d bytes", what, cfg.MaxMsgSize)
+	case cfg.Discard == jetstream.DiscardNew && cfg.MaxBytes > 0 && st.Bytes+uint64(size) > uint64(cfg.MaxBytes):
+		return frameRefused, fmt.Errorf("%s: the stream is full (%d of %d bytes, discard new)", what, st.Bytes, cfg.MaxBytes)
+	case cfg.Discard == jetstream.DiscardNew && cfg.MaxMsgs > 0 && st.Msgs >= uint64(cfg.MaxMsgs):
+		return frameRefused, fmt.Errorf("%s: the stream is full (%d of %d messages, discard new)", what, st.Msgs, cfg.MaxMsgs)
+	}
+	return frameMissing, fmt.Errorf("%s: it was refused for a reason its limits do not show, lost with a broken connection, or is still not stored", what)
 }
 
 func (s *Session) drop(tag uint64) {
@@ -251,10 +472,14 @@ func (s *Session) drop(tag uint64) {
 	s.mu.Unlock()
 }
 
-// collect joins local errors with the worker's.
+// collect joins local errors (refused frames first) with the worker's.
 func (s *Session) collect(remote []codec.Error) error {
+	s.acks.Lock()
+	errs := s.acks.refused
+	s.acks.refused = nil
+	s.acks.Unlock()
 	s.mu.Lock()
-	errs := s.errs
+	errs = append(errs, s.errs...)
 	s.errs = nil
 	s.mu.Unlock()
 	for i := range remote {
@@ -349,12 +574,27 @@ func (s *Session) Upload(ctx context.Context, dtype string, shape []int, data []
 		return nil, err
 	}
 	sum := sha256.Sum256(data)
-	name := "upload-" + hex.EncodeToString(sum[:])
-	if info, err := store.Stat(ctx, name); err != nil || info.Size != int64(len(data)) {
-		if _, err := store.Put(ctx, name, data, map[string]string{"dtype": dtype}); err != nil {
+	op.Object = "upload-" + hex.EncodeToString(sum[:])
+	if info, err := store.Stat(ctx, op.Object); err == nil && info.Size == int64(len(data)) {
+		return s.enqueue(op, 1), nil // stored before, by this or another session
+	}
+	meta := map[string]string{"dtype": dtype}
+	if s.record {
+		// A job's inputs must be complete before it is submitted.
+		if _, err := store.Put(ctx, op.Object, data, meta, objectstore.WithSHA256(sum)); err != nil {
 			return nil, fmt.Errorf("client: upload %d bytes: %w", len(data), err)
 		}
+		return s.enqueue(op, 1), nil
 	}
-	op.Object = name
-	return s.enqueue(op, 1), nil
+	// Send the op first, naming the chunk subject: the worker copies the
+	// chunks while they are written.
+	op.NUID = objectstore.NewNUID()
+	t := s.enqueue(op, 1)
+	s.Flush()
+	if _, err := store.Put(ctx, op.Object, data, meta, objectstore.WithNUID(op.NUID), objectstore.WithSHA256(sum)); err != nil {
+		// The worker is following the chunks: tell it why none will come.
+		_ = store.Abort(context.WithoutCancel(ctx), op.Object, op.NUID, "the client's upload failed: "+err.Error())
+		return nil, fmt.Errorf("client: upload %d bytes: %w", len(data), err)
+	}
+	return t, nil
 }

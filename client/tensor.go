@@ -3,11 +3,13 @@ package client
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
 
 	"github.com/jetfabric/jetfabric/codec"
+	"github.com/jetfabric/jetfabric/objectstore"
 )
 
 // Tensor is a handle on a tensor of a session. Methods that build ops
@@ -131,29 +133,56 @@ func (t *Tensor) Read(ctx context.Context) (*Data, error) {
 		// The op that should have made t was refused here; report why.
 		return nil, t.s.collect(nil)
 	}
-	r, err := t.s.call(ctx, codec.Op{Op: "read", In: []uint64{t.id}})
-	if err != nil {
-		return nil, err
-	}
-	if r.Tensor == nil {
-		return nil, fmt.Errorf("client: read of tensor %d returned no data", t.id)
-	}
-	d := &Data{DType: r.Tensor.DType, Shape: r.Tensor.Shape, Bytes: r.Tensor.Data}
-	if r.Tensor.Object != "" {
-		if d.Bytes, err = t.s.fetch(ctx, r.Tensor); err != nil {
+	for attempt := 1; ; attempt++ {
+		r, err := t.s.call(ctx, codec.Op{Op: "read", In: []uint64{t.id}})
+		if err != nil {
+			return nil, err
+		}
+		if r.Tensor == nil {
+			return nil, fmt.Errorf("client: read of tensor %d returned no data", t.id)
+		}
+		d := &Data{DType: r.Tensor.DType, Shape: r.Tensor.Shape, Bytes: r.Tensor.Data}
+		if r.Tensor.Object == "" {
+			return d, nil
+		}
+		d.Bytes, err = t.s.fetch(ctx, r.Tensor)
+		switch {
+		case err == nil:
+			return d, nil
+		case errors.Is(err, objectstore.ErrStalled) && attempt < readAttempts && ctx.Err() == nil:
+			// The worker stopped while writing the result (it died): ask
+			// again, and the worker that takes the device over answers.
+		default:
 			return nil, err
 		}
 	}
-	return d, nil
 }
 
+// readAttempts bounds how often Read asks for a large result whose writer
+// stopped while writing it.
+const readAttempts = 3
+
+// fetch reads a result that travels through the object store, then
+// deletes it. When the reply names the chunk subject (the worker answered
+// before writing), the chunks are copied as they are stored.
 func (s *Session) fetch(ctx context.Context, td *codec.Tensor) ([]byte, error) {
 	store, err := s.c.objects()
 	if err != nil {
 		return nil, err
 	}
-	b, info, err := store.Get(ctx, td.Object)
-	if err != nil {
+	var b []byte
+	var info objectstore.Info
+	if td.NUID != "" {
+		n, err := tensorBytes(td.DType, td.Shape)
+		if err != nil {
+			return nil, fmt.Errorf("client: read result object %s: %w", td.Object, err)
+		}
+		b = make([]byte, n)
+		info, err = store.Follow(ctx, td.Object, td.NUID, b)
+		if err != nil {
+			return nil, fmt.Errorf("client: read result object %s: %w", td.Object, err)
+		}
+	} else if b, info, err = store.Get(ctx, td.Object); err != nil {
 		return nil, fmt.Errorf("client: read result object %s: %w", td.Object, err)
 	}
 	if td.SHA256 != "" && info.SHA256 != td.SHA256 {
@@ -161,6 +190,24 @@ func (s *Session) fetch(ctx context.Context, td *codec.Tensor) ([]byte, error) {
 	}
 	_ = store.Delete(ctx, td.Object)
 	return b, nil
+}
+
+// dtypeBytes is the size of an element of each dtype on the wire.
+var dtypeBytes = map[string]int{"f32": 4, "f64": 8, "f16": 2, "bf16": 2, "i32": 4, "i64": 8, "u8": 1, "bool": 1}
+
+// tensorBytes is the size in bytes of a tensor of dtype and shape.
+func tensorBytes(dtype string, shape []int) (int, error) {
+	n, ok := dtypeBytes[dtype]
+	if !ok {
+		return 0, fmt.Errorf("%w: dtype %q", ErrDType, dtype)
+	}
+	for _, d := range shape {
+		if d < 0 || d > 0 && n > math.MaxInt/d {
+			return 0, fmt.Errorf("%w: result shape %v", ErrInvalidArgument, shape)
+		}
+		n *= d
+	}
+	return n, nil
 }
 
 // Float32s reads a float32 tensor.

@@ -16,6 +16,8 @@ import (
 	"github.com/jetfabric/jetfabric/broker/brokertest"
 	"github.com/jetfabric/jetfabric/client"
 	"github.com/jetfabric/jetfabric/codec"
+	"github.com/jetfabric/jetfabric/objectstore"
+	"github.com/jetfabric/jetfabric/worker"
 	"github.com/jetfabric/jetfabric/worker/workertest"
 )
 
@@ -113,6 +115,46 @@ func TestTransferFaults(t *testing.T) {
 	if _, err := b.Apply(codec.Op{Op: "import", Transfer: id4, TimeoutMS: 2000}).Float32s(ctx); err == nil || !strings.Contains(err.Error(), "corrupt") {
 		t.Fatalf("import of a corrupted transfer: %v", err)
 	}
+	// Forged announcements in FABRIC_CTRL: a chunk subject that is not a
+	// token, a tensor over the limits, a dtype that does not exist.
+	kv, err := js.KeyValue(ctx, "FABRIC_CTRL")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range []struct{ value, want string }{
+		{`{"max":1,"writer":"x","nuid":"a.b","dtype":"f32","shape":"4"}`, "chunk subject token"},
+		{`{"max":1,"writer":"x","nuid":"ABC","dtype":"f32","shape":"1000000,1000000"}`, "limit"},
+		{`{"max":1,"writer":"x","nuid":"ABC","dtype":"f99","shape":"4"}`, "not a tensor"},
+		{`{"max":1,"writer":"x","nuid":"ABC","dtype":"f32","shape":"-4"}`, "shape"},
+	} {
+		id := fmt.Sprintf("4%031x", i)
+		if _, err := kv.Put(ctx, "xfer.xfer-"+id, []byte(c.value)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Apply(codec.Op{Op: "import", Transfer: id, TimeoutMS: 2000}).Float32s(ctx); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("import of forged announcement %s: %v, want %q", c.value, err, c.want)
+		}
+	}
+	// An upload naming a chunk subject that is not a token.
+	if _, err := b.Apply(codec.Op{Op: "upload", DType: "f32", Shape: []int{4}, Object: "upload-x", NUID: "a.b"}).Float32s(ctx); err == nil || !strings.Contains(err.Error(), "chunk subject token") {
+		t.Errorf("upload with a bad chunk subject: %v", err)
+	}
+
+	// An upload whose writer gives up: the op fails with the writer's reason.
+	st, err := objectstore.New(js, "FABRIC_XFER")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nuid := objectstore.NewNUID()
+	up := b.Apply(codec.Op{Op: "upload", DType: "f32", Shape: []int{4}, Object: "upload-abandoned", NUID: nuid})
+	b.Flush()
+	if err := st.Abort(ctx, "upload-abandoned", nuid, "the disk is on fire"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := up.Float32s(ctx); err == nil || !strings.Contains(err.Error(), "the disk is on fire") {
+		t.Errorf("upload whose writer gave up: %v", err)
+	}
+
 	// The sessions still work.
 	expect(t, "after", read(t, a.Full([]int{1}, 3)), 3)
 	expect(t, "after", read(t, b.Full([]int{1}, 4)), 4)
@@ -287,4 +329,61 @@ func TestGradSync(t *testing.T) {
 	}
 	expect(t, "param 0 rank 1", read(t, r[0][1]), 15, 15)
 	expect(t, "param 1 rank 0", read(t, r[1][0]), 2, 2, 2)
+}
+
+// TestTransferWriterStops: the source announces a transfer, writes part of
+// it and stops (its process died). The target gives up on that chunk
+// subject after the object timeout and follows the one a replacement
+// announces when it replays the expose.
+func TestTransferWriterStops(t *testing.T) {
+	br := brokertest.Run(t)
+	workertest.Run(t, br, workertest.CPUs(1), func(c *worker.Config) { c.ObjectTimeout = 300 * time.Millisecond })
+	c, err := client.Connect(br.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	nc, _ := nats.Connect(br.ClientURL())
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	kv, err := js.KeyValue(ctx, "FABRIC_CTRL")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := objectstore.New(js, "FABRIC_XFER")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := "5123456789abcdef0123456789abcdef"
+	key, name := "xfer.xfer-"+id, "xfer-"+id
+	dead := objectstore.NewNUID()
+	if _, err := kv.Put(ctx, key, []byte(`{"max":1,"writer":"ghost/7/0","nuid":"`+dead+`","dtype":"f32","shape":"4"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, "$O.FABRIC_XFER.C."+dead, make([]byte, 8)); err != nil {
+		t.Fatal(err)
+	}
+	s := open(t, c, "cpu-0")
+	y := s.Apply(codec.Op{Op: "import", Transfer: id, TimeoutMS: 30000})
+	s.Flush()
+	time.Sleep(time.Second) // past the object timeout: the target has given up on dead
+	live := objectstore.NewNUID()
+	if _, err := kv.Put(ctx, key, []byte(`{"max":1,"writer":"ghost/7/0","nuid":"`+live+`","dtype":"f32","shape":"4"}`)); err != nil {
+		t.Fatal(err)
+	}
+	data := make([]byte, 16)
+	for i, v := range []float32{1, 2, 3, 4} {
+		b := math.Float32bits(v)
+		data[4*i], data[4*i+1], data[4*i+2], data[4*i+3] = byte(b), byte(b>>8), byte(b>>16), byte(b>>24)
+	}
+	if _, err := st.Put(ctx, name, data, map[string]string{"dtype": "f32", "shape": "4"}, objectstore.WithNUID(live)); err != nil {
+		t.Fatal(err)
+	}
+	got, err := y.Float32s(ctx)
+	if err != nil {
+		t.Fatalf("import after its writer stopped and another took over: %v", err)
+	}
+	expect(t, "imported", got, 1, 2, 3, 4)
 }
