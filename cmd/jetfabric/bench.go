@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -35,6 +36,9 @@ type benchReport struct {
 	RawRequestP50us   float64   `json:"raw_request_p50_us"`
 	RawRequestP99us   float64   `json:"raw_request_p99_us"`
 	RoundTripRatio    float64   `json:"roundtrip_ratio_p50"`
+	FloorP50us        float64   `json:"js_floor_p50_us"`
+	FloorP99us        float64   `json:"js_floor_p99_us"`
+	FloorRatio        float64   `json:"js_floor_ratio_p50"`
 	PipelinedOpsPerS  float64   `json:"pipelined_ops_per_s"`
 	FrameBytes        int       `json:"frame_bytes"`
 	OpsPerFrame       int       `json:"ops_per_frame"`
@@ -42,6 +46,7 @@ type benchReport struct {
 	RawPublishOpsS    float64   `json:"raw_js_publish_equiv_ops_per_s"`
 	UploadMBs         float64   `json:"upload_64mib_mb_per_s"`
 	ReadMBs           float64   `json:"read_64mib_mb_per_s"`
+	XferStorage       string    `json:"xfer_storage"`
 	Device            string    `json:"device"`
 	NoFusion          bool      `json:"no_fusion,omitempty"`
 	TF32              bool      `json:"tf32,omitempty"`
@@ -54,6 +59,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	rounds := fs.Int("rounds", 2000, "round trips to time")
 	ops := fs.Int("ops", 300000, "ops in the pipelined run")
 	upload := fs.Int("upload-mib", 64, "size of the upload and read-back in MiB (0 skips)")
+	xferStorage := fs.String("xfer-storage", "file", "the broker's -xfer-storage: file or memory")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	echo := fs.String("serve-echo", "", "internal: serve the raw responder on this URL until stopped")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (broker, worker and client in -layout inproc) to this file")
@@ -104,12 +110,12 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			*gpus = "all"
 		}
 	}
-	url, stop, err := benchFabric(ctx, *layout, *ckpt, benchWorker{gpus: *gpus, noFusion: *noFusion, tf32: *tf32}, progress)
+	url, stop, err := benchFabric(ctx, *layout, *ckpt, benchWorker{gpus: *gpus, noFusion: *noFusion, tf32: *tf32, xferStorage: *xferStorage}, progress)
 	if err != nil {
 		return err
 	}
 	defer stop()
-	rep := benchReport{Layout: *layout, GoMaxPro: runtime.GOMAXPROCS(0), Machine: fmt.Sprintf("%s/%s, %d CPUs", runtime.GOOS, runtime.GOARCH, runtime.NumCPU())}
+	rep := benchReport{XferStorage: *xferStorage, Layout: *layout, GoMaxPro: runtime.GOMAXPROCS(0), Machine: fmt.Sprintf("%s/%s, %d CPUs", runtime.GOOS, runtime.GOARCH, runtime.NumCPU())}
 	if *layout == "inproc" {
 		rep.Layout = "all in one process (broker, worker, client; TCP loopback)"
 	} else {
@@ -131,10 +137,11 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fmt.Fprintf(stdout, "layout: %s; %s\n", rep.Layout, rep.Machine)
 	fmt.Fprintf(stdout, "tiny op + read round trip   p50 %8.1f us  p99 %8.1f us\n", rep.RoundTripP50us, rep.RoundTripP99us)
 	fmt.Fprintf(stdout, "raw NATS request/reply 64 B p50 %8.1f us  p99 %8.1f us   (ratio %.2fx)\n", rep.RawRequestP50us, rep.RawRequestP99us, rep.RoundTripRatio)
+	fmt.Fprintf(stdout, "JetStream floor 64 B         p50 %8.1f us  p99 %8.1f us   (%.2fx raw: stored, ordered consumer, answered; no jetfabric code)\n", rep.FloorP50us, rep.FloorP99us, rep.FloorRatio)
 	fmt.Fprintf(stdout, "pipelined ops, one session  %10.0f ops/s  (%d ops a frame, %d B frames)\n", rep.PipelinedOpsPerS, rep.OpsPerFrame, rep.FrameBytes)
 	fmt.Fprintf(stdout, "raw JetStream async publish %10.0f frames/s of %d B = %.0f ops/s\n", rep.RawPublishFramesS, rep.FrameBytes, rep.RawPublishOpsS)
 	if *upload > 0 {
-		fmt.Fprintf(stdout, "%d MiB upload %.0f MB/s, read-back %.0f MB/s\n", *upload, rep.UploadMBs, rep.ReadMBs)
+		fmt.Fprintf(stdout, "%d MiB upload %.0f MB/s, read-back %.0f MB/s (medians of %d; FABRIC_XFER on %s)\n", *upload, rep.UploadMBs, rep.ReadMBs, uploadRuns, rep.XferStorage)
 	}
 	if g := rep.GPU; g != nil {
 		fused := "fused"
@@ -153,9 +160,10 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 // benchWorker is what the bench's worker serves.
 type benchWorker struct {
-	gpus     string
-	noFusion bool
-	tf32     bool
+	gpus        string
+	noFusion    bool
+	tf32        bool
+	xferStorage string // the broker's -xfer-storage
 }
 
 // devBench sizes the device benchmarks.
@@ -179,7 +187,7 @@ func benchFabric(ctx context.Context, layout string, ckpt time.Duration, bw benc
 	}
 	switch layout {
 	case "inproc":
-		bf := brokerFlags{listen: "127.0.0.1:-1", store: dir, name: "jetfabric", maxPayload: 8 << 20, replicas: 1}
+		bf := brokerFlags{listen: "127.0.0.1:-1", store: dir, name: "jetfabric", maxPayload: 8 << 20, replicas: 1, xferStorage: bw.xferStorage}
 		bcfg, err := bf.brokerConfig()
 		if err != nil {
 			stop()
@@ -238,7 +246,7 @@ func benchFabric(ctx context.Context, layout string, ckpt time.Duration, bw benc
 			cleanup = append(cleanup, func() { _ = cmd.Process.Signal(os.Interrupt); _ = cmd.Wait() })
 			return nil
 		}
-		if err := start("broker", "--listen", "127.0.0.1:"+strconv.Itoa(port), "--http", "", "--store", dir); err != nil {
+		if err := start("broker", "--listen", "127.0.0.1:"+strconv.Itoa(port), "--http", "", "--store", dir, "--xfer-storage", bw.xferStorage); err != nil {
 			stop()
 			return "", nil, err
 		}
@@ -287,14 +295,69 @@ func serveEcho(ctx context.Context, url string) error {
 		return err
 	}
 	defer nc.Close()
-	if _, err := nc.Subscribe(subjects.Default().BenchEcho(), func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
+	names := subjects.Default()
+	if _, err := nc.Subscribe(names.BenchEcho(), func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
 		return err
 	}
 	if err := nc.Flush(); err != nil {
 		return err
 	}
+	stop, err := serveFloor(ctx, nc, names)
+	if err != nil {
+		return err
+	}
+	defer stop()
 	<-ctx.Done()
 	return nil
+}
+
+// serveFloor answers the JetStream floor's messages: a stream made like
+// FABRIC_OPS (file storage, discard new), read by an ordered consumer
+// pulling as the worker's does, each message answered on its Fabric-Reply
+// inbox with its own payload. Nothing of the fabric is in the path, so
+// its round trip is the least any JetStream-brokered op can take. stop
+// ends the consumer and waits for its goroutine.
+func serveFloor(ctx context.Context, nc *nats.Conn, names subjects.Names) (stop func(), err error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	st, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:      names.BenchFloorStream(),
+		Subjects:  []string{names.BenchFloor()},
+		Retention: jetstream.LimitsPolicy,
+		Storage:   jetstream.FileStorage,
+		Discard:   jetstream.DiscardNew,
+		MaxAge:    time.Hour,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("floor stream: %w", err)
+	}
+	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverNewPolicy})
+	if err != nil {
+		return nil, fmt.Errorf("floor consumer: %w", err)
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(256), jetstream.PullHeartbeat(time.Second))
+	if err != nil {
+		return nil, fmt.Errorf("floor consumer: %w", err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			m, err := it.Next()
+			if err != nil {
+				if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+					return
+				}
+				continue
+			}
+			if reply := m.Headers().Get(subjects.HeaderReply); reply != "" {
+				_ = nc.Publish(reply, m.Data())
+			}
+		}
+	}()
+	return func() { it.Stop(); <-done }, nil
 }
 
 func benchRun(ctx context.Context, url, device string, rounds, nops, uploadMiB int, dev *devBench, rep *benchReport, progress func(string, ...any)) error {
@@ -318,16 +381,60 @@ func benchRun(ctx context.Context, url, device string, rounds, nops, uploadMiB i
 	defer s.Close(ctx)
 
 	// Round trips, ours and raw, interleaved in blocks so drift hits both.
-	progress("round trips: %d each, fabric and raw request/reply", rounds)
+	progress("round trips: %d each, fabric, raw request/reply and the JetStream floor", rounds)
 	one := s.Full([]int{1}, 1)
 	if err := s.Sync(ctx); err != nil {
 		return err
 	}
 	nc := c.Conn()
 	payload := make([]byte, 64)
-	ours, raw := make([]time.Duration, 0, rounds), make([]time.Duration, 0, rounds)
+	ours, raw, floor := make([]time.Duration, 0, rounds), make([]time.Duration, 0, rounds), make([]time.Duration, 0, rounds)
 	echo := subjects.Default().BenchEcho()
+	floorSub, err := nc.SubscribeSync(nats.NewInbox())
+	if err != nil {
+		return err
+	}
+	defer func() { _ = floorSub.Unsubscribe() }()
+	floorMsg := nats.NewMsg(subjects.Default().BenchFloor())
+	floorMsg.Header.Set(subjects.HeaderReply, floorSub.Subject)
+	floorMsg.Data = payload
+	// One JetStream round trip: the message published as the client
+	// publishes a frame it waits on (no acknowledgement asked), stored,
+	// delivered by the ordered consumer and answered.
+	floorTrip := func(wait time.Duration) (time.Duration, error) {
+		t0 := time.Now()
+		if err := nc.PublishMsg(floorMsg); err != nil {
+			return 0, err
+		}
+		if _, err := floorSub.NextMsg(wait); err != nil {
+			return 0, fmt.Errorf("JetStream floor: %w", err)
+		}
+		return time.Since(t0), nil
+	}
+	// The raw responder starts beside the worker; wait until it answers.
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		_, err := nc.Request(echo, payload, 5*time.Second)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, nats.ErrNoResponders) || time.Now().After(deadline) {
+			return fmt.Errorf("raw request: %w", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// The floor's stream and consumer start beside the raw responder.
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if _, err := floorTrip(200 * time.Millisecond); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			return err
+		}
+	}
 	for i := 0; i < rounds+200; i++ {
+		fd, err := floorTrip(5 * time.Second)
+		if err != nil {
+			return err
+		}
 		t0 := time.Now()
 		y := one.Add(one)
 		if _, err := y.Float32s(ctx); err != nil {
@@ -340,12 +447,14 @@ func benchRun(ctx context.Context, url, device string, rounds, nops, uploadMiB i
 			return fmt.Errorf("raw request: %w", err)
 		}
 		if i >= 200 { // warm-up excluded
-			ours, raw = append(ours, d), append(raw, time.Since(t0))
+			ours, raw, floor = append(ours, d), append(raw, time.Since(t0)), append(floor, fd)
 		}
 	}
 	rep.RoundTripP50us, rep.RoundTripP99us = pct(ours, 50), pct(ours, 99)
 	rep.RawRequestP50us, rep.RawRequestP99us = pct(raw, 50), pct(raw, 99)
 	rep.RoundTripRatio = rep.RoundTripP50us / rep.RawRequestP50us
+	rep.FloorP50us, rep.FloorP99us = pct(floor, 50), pct(floor, 99)
+	rep.FloorRatio = rep.FloorP50us / rep.RawRequestP50us
 
 	if dev != nil {
 		rep.GPU = &gpuBench{}
@@ -400,31 +509,47 @@ func benchRun(ctx context.Context, url, device string, rounds, nops, uploadMiB i
 	rep.RawPublishOpsS = rep.RawPublishFramesS * opsPerFrame
 
 	if uploadMiB > 0 {
-		progress("upload and read-back of %d MiB", uploadMiB)
+		progress("upload and read-back of %d MiB, %d times", uploadMiB, uploadRuns)
 		data := make([]byte, uploadMiB<<20)
 		for i := range data {
 			data[i] = byte(i % 251)
 		}
-		t0 = time.Now()
-		t, err := s.Upload(ctx, "u8", []int{len(data)}, data)
-		if err != nil {
-			return err
+		var up, back []float64
+		for run := range uploadRuns {
+			data[0] = byte(run) // new bytes each run: an upload of known bytes is not sent again
+			t0 := time.Now()
+			t, err := s.Upload(ctx, "u8", []int{len(data)}, data)
+			if err != nil {
+				return err
+			}
+			if err := s.Sync(ctx); err != nil {
+				return err
+			}
+			up = append(up, float64(len(data))/1e6/time.Since(t0).Seconds())
+			t0 = time.Now()
+			d, err := t.Read(ctx)
+			if err != nil {
+				return err
+			}
+			back = append(back, float64(len(data))/1e6/time.Since(t0).Seconds())
+			if !slices.Equal(d.Bytes, data) {
+				return fmt.Errorf("read-back differs from the upload")
+			}
+			t.Free()
 		}
-		if err := s.Sync(ctx); err != nil {
-			return err
-		}
-		rep.UploadMBs = float64(len(data)) / 1e6 / time.Since(t0).Seconds()
-		t0 = time.Now()
-		d, err := t.Read(ctx)
-		if err != nil {
-			return err
-		}
-		rep.ReadMBs = float64(len(data)) / 1e6 / time.Since(t0).Seconds()
-		if !slices.Equal(d.Bytes, data) {
-			return fmt.Errorf("read-back differs from the upload")
-		}
+		rep.UploadMBs, rep.ReadMBs = median(up), median(back)
 	}
 	return nil
+}
+
+// uploadRuns is how many uploads and read-backs the bench times; it
+// reports the medians.
+const uploadRuns = 3
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
 
 func pct(d []time.Duration, p int) float64 {
