@@ -2,6 +2,8 @@ package client_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"math"
@@ -238,6 +240,23 @@ func TestLargeTensorsGoThroughTheObjectStore(t *testing.T) {
 	y, err := s.Upload(ctx, "f32", []int{n}, data)
 	if err != nil {
 		t.Fatal(err)
+	}
+	js, _ := jetstream.New(c.Conn())
+	objects, err := js.ObjectStore(ctx, "FABRIC_XFER")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(data)
+	if info, err := objects.GetInfo(ctx, "upload-"+hex.EncodeToString(sum[:])); err != nil || info.Size != uint64(len(data)) {
+		t.Fatalf("the upload is not named by its digest: %v", err)
+	}
+	st, err := js.Stream(ctx, "OBJ_FABRIC_XFER")
+	if err != nil {
+		t.Fatal(err)
+	}
+	si, err := st.Info(ctx, jetstream.WithSubjectFilter("$O.FABRIC_XFER.C.>"))
+	if err != nil || len(si.State.Subjects) != 1 {
+		t.Fatalf("two uploads of the same bytes left chunks on %d subjects (%v), want 1", len(si.State.Subjects), err)
 	}
 	z := x.Add(y).Add(s.Full(nil, 0.5))
 	got := read(t, z)

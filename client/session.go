@@ -562,7 +562,9 @@ func (s *Session) ApplyN(op codec.Op, n int, in ...*Tensor) []*Tensor {
 
 // Upload sends raw little-endian bytes of dtype with shape. Tensors over
 // the inline limit travel through the object store, named by their SHA-256
-// so the same bytes are stored once.
+// so the same bytes are stored once: the write starts at once, the digest
+// is computed beside it, and the op goes out as soon as the digest is
+// known, so the worker copies the chunks while the rest are written.
 func (s *Session) Upload(ctx context.Context, dtype string, shape []int, data []byte) (*Tensor, error) {
 	op := codec.Op{Op: "upload", DType: dtype, Shape: append([]int(nil), shape...)}
 	if len(data) <= s.c.opts.inlineUpload && !s.record {
@@ -573,25 +575,60 @@ func (s *Session) Upload(ctx context.Context, dtype string, shape []int, data []
 	if err != nil {
 		return nil, err
 	}
-	sum := sha256.Sum256(data)
-	op.Object = "upload-" + hex.EncodeToString(sum[:])
-	if info, err := store.Stat(ctx, op.Object); err == nil && info.Size == int64(len(data)) {
-		return s.enqueue(op, 1), nil // stored before, by this or another session
-	}
 	meta := map[string]string{"dtype": dtype}
 	if s.record {
 		// A job's inputs must be complete before it is submitted.
+		sum := sha256.Sum256(data)
+		op.Object = uploadName(sum)
+		if info, err := store.Stat(ctx, op.Object); err == nil && info.Size == int64(len(data)) {
+			return s.enqueue(op, 1), nil // stored before, by this or another session
+		}
 		if _, err := store.Put(ctx, op.Object, data, meta, objectstore.WithSHA256(sum)); err != nil {
 			return nil, fmt.Errorf("client: upload %d bytes: %w", len(data), err)
 		}
 		return s.enqueue(op, 1), nil
 	}
-	// Send the op first, naming the chunk subject: the worker copies the
-	// chunks while they are written.
+	return s.uploadWhileWriting(ctx, store, op, data, meta)
+}
+
+// uploadName names an upload by its content, so the same bytes uploaded
+// twice, by any session, are stored once.
+func uploadName(sum [sha256.Size]byte) string { return "upload-" + hex.EncodeToString(sum[:]) }
+
+// uploadWhileWriting writes data into the object store at once, hashing it
+// beside the write. As soon as the digest names the object, it either
+// finds the same bytes stored before (the write is called off and its
+// chunks purged) or sends the op, naming the object and its chunk subject,
+// so the worker copies the chunks while the rest are written.
+func (s *Session) uploadWhileWriting(ctx context.Context, store *objectstore.Store, op codec.Op, data []byte, meta map[string]string) (*Tensor, error) {
 	op.NUID = objectstore.NewNUID()
+	named := make(chan string, 1)
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := store.Put(pctx, "", data, meta, objectstore.WithNUID(op.NUID), objectstore.WithNameFromDigest(func(sum [sha256.Size]byte) string {
+			name := uploadName(sum)
+			named <- name
+			return name
+		}))
+		done <- err
+	}()
+	select {
+	case op.Object = <-named:
+	case err := <-done:
+		return nil, fmt.Errorf("client: upload %d bytes: %w", len(data), err)
+	}
+	if info, err := store.Stat(ctx, op.Object); err == nil && info.Size == int64(len(data)) {
+		// Stored before, by this or another session: stop writing.
+		cancel()
+		<-done
+		op.NUID = ""
+		return s.enqueue(op, 1), nil
+	}
 	t := s.enqueue(op, 1)
 	s.Flush()
-	if _, err := store.Put(ctx, op.Object, data, meta, objectstore.WithNUID(op.NUID), objectstore.WithSHA256(sum)); err != nil {
+	if err := <-done; err != nil {
 		// The worker is following the chunks: tell it why none will come.
 		_ = store.Abort(context.WithoutCancel(ctx), op.Object, op.NUID, "the client's upload failed: "+err.Error())
 		return nil, fmt.Errorf("client: upload %d bytes: %w", len(data), err)

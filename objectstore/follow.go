@@ -18,6 +18,7 @@ type PutOption func(*putConfig)
 type putConfig struct {
 	nuid   string
 	digest *[sha256.Size]byte
+	nameOf func(sum [sha256.Size]byte) string
 }
 
 // WithNUID has Put write the chunks on the subject of nuid, which the
@@ -34,6 +35,19 @@ func WithNUID(nuid string) PutOption {
 // fail with ErrDigest.
 func WithSHA256(sum [sha256.Size]byte) PutOption {
 	return func(c *putConfig) { c.digest = &sum }
+}
+
+// WithNameFromDigest has Put name the object by its content: Put is
+// called with an empty name, computes the SHA-256 of the data beside the
+// write, and names the object nameOf(sum). nameOf runs on the digest's
+// goroutine as soon as the digest is known, usually well before the last
+// chunk is stored (hashing runs faster than the broker stores), so a
+// caller that also gave WithNUID can announce the object to a reader while
+// it is written. The name is written with the meta, last; until then the
+// chunks are under the nuid alone. A name nameOf gives that is empty fails
+// the Put.
+func WithNameFromDigest(nameOf func(sum [sha256.Size]byte) string) PutOption {
+	return func(c *putConfig) { c.nameOf = nameOf }
 }
 
 // NewNUID makes a chunk subject token for WithNUID: 128 random bits.
@@ -122,7 +136,7 @@ func (s *Store) Follow(ctx context.Context, name, nuid string, dst []byte) (Info
 		return Info{}, fmt.Errorf("objectstore: %s: follow %q: %w", s.bucket, name, err)
 	}
 	defer s.dropConsumer(ctx, cons)
-	it, err := cons.Messages(jetstream.PullMaxBytes(2 * s.opts.readAhead))
+	it, err := cons.Messages(jetstream.PullMaxBytes(s.opts.followAhead))
 	if err != nil {
 		return Info{}, fmt.Errorf("objectstore: %s: follow %q: %w", s.bucket, name, err)
 	}

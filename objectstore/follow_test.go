@@ -154,3 +154,77 @@ func TestFollowStalledWriter(t *testing.T) {
 		t.Fatalf("follow of a stalled writer: %v after %v", err, time.Since(start))
 	}
 }
+
+// TestPutNamedFromDigest: the object gets its name from its digest, known
+// before the write ends, and a reader that learns the name then follows
+// the rest of the write. Bad input: a name or a digest beside the option,
+// and an empty name from it, fail the Put and leave nothing stored.
+func TestPutNamedFromDigest(t *testing.T) {
+	e := newEnv(t)
+	s := e.store(t, objectstore.WithChunkSize(64<<10))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	data := randomBytes(3<<20+5, 7)
+	sum := sha256.Sum256(data)
+	nuid := objectstore.NewNUID()
+	named := make(chan string, 1)
+	nameOf := func(got [sha256.Size]byte) string {
+		name := "by-digest-" + string(rune('a'+got[0]%26))
+		named <- name
+		return name
+	}
+	type res struct {
+		in  objectstore.Info
+		err error
+	}
+	put := make(chan res, 1)
+	go func() {
+		in, err := s.Put(ctx, "", data, nil, objectstore.WithNUID(nuid), objectstore.WithNameFromDigest(nameOf))
+		put <- res{in, err}
+	}()
+	name := <-named
+	if want := "by-digest-" + string(rune('a'+sum[0]%26)); name != want {
+		t.Fatalf("named %q, want %q", name, want)
+	}
+	dst := make([]byte, len(data))
+	in, err := s.Follow(ctx, name, nuid, dst)
+	if err != nil || !bytes.Equal(dst, data) {
+		t.Fatalf("follow by the name from the digest: %v", err)
+	}
+	r := <-put
+	if r.err != nil || r.in.Name != name || r.in.SHA256 != in.SHA256 {
+		t.Fatalf("put: %+v, %v; followed %+v", r.in, r.err, in)
+	}
+	got, _, err := s.Get(ctx, name)
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("get: %v", err)
+	}
+
+	name2 := func([sha256.Size]byte) string { return "x" }
+	for what, put := range map[string]func() error{
+		"a name beside it": func() error {
+			_, err := s.Put(ctx, "named", data, nil, objectstore.WithNameFromDigest(name2))
+			return err
+		},
+		"a digest beside it": func() error {
+			_, err := s.Put(ctx, "", data, nil, objectstore.WithNameFromDigest(name2), objectstore.WithSHA256(sum))
+			return err
+		},
+		"no name at all": func() error {
+			_, err := s.Put(ctx, "", data, nil)
+			return err
+		},
+	} {
+		if err := put(); !errors.Is(err, objectstore.ErrInvalidOption) {
+			t.Errorf("%s: %v, want ErrInvalidOption", what, err)
+		}
+	}
+	empty := objectstore.NewNUID()
+	_, err = s.Put(ctx, "", data, nil, objectstore.WithNUID(empty), objectstore.WithNameFromDigest(func([sha256.Size]byte) string { return "" }))
+	if !errors.Is(err, objectstore.ErrInvalidOption) || !strings.Contains(err.Error(), "empty") {
+		t.Fatalf("empty name from the digest: %v", err)
+	}
+	if n := e.chunkCount(t, empty); n != 0 {
+		t.Fatalf("a failed put left %d chunks", n)
+	}
+}

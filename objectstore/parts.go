@@ -32,7 +32,7 @@ func (s *Store) putParts(ctx context.Context, name string, data []byte, meta map
 	token := newNUID()[:12]
 	window := max(1, s.opts.window/k)
 
-	dig := startDigest(data, hashBlock, false)
+	dig := startDigest(data, hashBlock, false, nil)
 	pctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	man := manifest{Version: manifestVersion, Size: size, Parts: make([]partInfo, k)}

@@ -29,21 +29,24 @@ import (
 // wraps ErrRefused. PutOptions name the chunk subject in advance
 // (WithNUID) or give the digest (WithSHA256).
 func (s *Store) Put(ctx context.Context, name string, data []byte, meta map[string]string, opts ...PutOption) (Info, error) {
-	if name == "" {
-		return Info{}, fmt.Errorf("%w: empty object name", ErrInvalidOption)
-	}
 	var pc putConfig
 	for _, o := range opts {
 		if o != nil {
 			o(&pc)
 		}
 	}
+	switch {
+	case pc.nameOf == nil && name == "":
+		return Info{}, fmt.Errorf("%w: empty object name", ErrInvalidOption)
+	case pc.nameOf != nil && (name != "" || pc.digest != nil):
+		return Info{}, fmt.Errorf("%w: a Put named from its digest takes no name and no digest", ErrInvalidOption)
+	}
 	if pc.nuid != "" {
 		if err := ValidNUID(pc.nuid); err != nil {
 			return Info{}, err
 		}
 	}
-	if s.opts.parts > 1 && int64(len(data)) > s.opts.partThreshold {
+	if s.opts.parts > 1 && int64(len(data)) > s.opts.partThreshold && pc.nameOf == nil {
 		return s.putParts(ctx, name, data, meta)
 	}
 	oi, err := s.putObject(ctx, name, data, meta, nil, s.opts.window, pc)
@@ -87,10 +90,13 @@ type digest struct {
 	stopped atomic.Bool
 	wg      sync.WaitGroup
 	sum     [sha256.Size]byte
+
+	nameOf func(sum [sha256.Size]byte) string // called on the goroutine when the sum is known
+	name   string                             // what nameOf returned; read after wg.Wait
 }
 
-func startDigest(data []byte, chunk int, paced bool) *digest {
-	d := &digest{data: data, chunk: chunk}
+func startDigest(data []byte, chunk int, paced bool, nameOf func([sha256.Size]byte) string) *digest {
+	d := &digest{data: data, chunk: chunk, nameOf: nameOf}
 	if paced {
 		d.ahead = make(chan struct{}, leadChunks)
 	}
@@ -109,6 +115,9 @@ func startDigest(data []byte, chunk int, paced bool) *digest {
 			}
 		}
 		h.Sum(d.sum[:0])
+		if d.nameOf != nil {
+			d.name = d.nameOf(d.sum)
+		}
 	})
 	return d
 }
@@ -215,10 +224,15 @@ func (s *Store) putObject(ctx context.Context, name string, data []byte, meta ma
 	}
 	w.subj = chunkSubject(s.bucket, w.nuid)
 	var dig *digest
-	if pc.digest != nil {
+	switch {
+	case pc.digest != nil:
 		dig = &digest{sum: *pc.digest} // nothing to compute: ready at once
-	} else {
-		dig = startDigest(data, chunk, true)
+	case pc.nameOf != nil:
+		// Unpaced: the name is wanted as early as possible.
+		dig = startDigest(data, chunk, false, pc.nameOf)
+		w.name = "(named by its digest, chunks " + w.nuid + ")"
+	default:
+		dig = startDigest(data, chunk, true, nil)
 	}
 	w.dig = dig
 	if err := w.subscribe(); err != nil {
@@ -226,12 +240,25 @@ func (s *Store) putObject(ctx context.Context, name string, data []byte, meta ma
 		return nil, err
 	}
 	defer func() { _ = w.sub.Unsubscribe() }()
-	w.askPrev()
+	if pc.nameOf == nil {
+		w.askPrev()
+	}
 
 	err := w.sendAll(ctx)
 	var oi *jetstream.ObjectInfo
+	var sum [sha256.Size]byte
 	if err == nil {
-		sum := dig.wait()
+		sum = dig.wait()
+		if pc.nameOf != nil {
+			if name = dig.name; name == "" {
+				err = fmt.Errorf("%w: %s: put %s: the name made from the digest is empty", ErrInvalidOption, s.bucket, w.name)
+			} else {
+				w.name = name
+				w.askPrev() // answered before the meta is stored: it goes out first
+			}
+		}
+	}
+	if err == nil {
 		oi = &jetstream.ObjectInfo{
 			ObjectMeta: jetstream.ObjectMeta{
 				Name:    name,
