@@ -267,3 +267,39 @@ func BenchmarkPipelined(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkFollowAhead is how the default follow-ahead was chosen: a
+// writer and a reader that follows it, on two connections, for pull
+// windows from 8 to 32 MiB.
+func BenchmarkFollowAhead(b *testing.B) {
+	e := newEnv(b)
+	ctx := context.Background()
+	const size = 256 << 20
+	data := randomBytes(size, 1)
+	dst := make([]byte, size)
+	w := e.store(b)
+	i := 0
+	for _, ahead := range []int{8 << 20, 16 << 20, 32 << 20} {
+		r := e.second(b).store(b, objectstore.WithFollowAhead(ahead))
+		b.Run(fmt.Sprintf("256MiB/followahead=%dMiB", ahead>>20), func(b *testing.B) {
+			b.SetBytes(size)
+			for b.Loop() {
+				i++
+				name := fmt.Sprintf("ahead-%d", i)
+				nuid := objectstore.NewNUID()
+				done := make(chan error, 1)
+				go func() {
+					_, err := r.Follow(ctx, name, nuid, dst)
+					done <- err
+				}()
+				if _, err := w.Put(ctx, name, data, nil, objectstore.WithNUID(nuid)); err != nil {
+					b.Fatal(err)
+				}
+				if err := <-done; err != nil {
+					b.Fatal(err)
+				}
+				_ = w.Delete(ctx, name)
+			}
+		})
+	}
+}

@@ -114,7 +114,17 @@
 // new. The writer and the reader then work at the same time, and the
 // transfer costs about the slower of the two instead of their sum
 // (BenchmarkPipelined). WithSHA256 spares a caller that has already
-// hashed the data (an upload named by its digest) a second pass.
+// hashed the data a second pass. WithNameFromDigest goes further for data
+// named by its digest (an upload): Put writes the chunks at once, hashes
+// beside the write, and takes the name from the digest as soon as it is
+// known, well before the last chunk is stored, so the caller can announce
+// the object while it is written; the name only has to be in the meta,
+// which comes last. A follower asks the broker for up to WithFollowAhead
+// bytes (32 MiB by default) beyond what it has copied: chunks arrive as
+// they are stored, and with less the follower waits on its next pull while
+// the writer is ahead (BenchmarkFollowAhead, 256 MiB on 8 cores: 1,064
+// MB/s with 32 MiB against 853 with 8; on 2 cores, CPU-bound, 631 against
+// 608).
 //
 // # Parts
 //

@@ -21,6 +21,9 @@ const (
 	// DefaultReadAhead bounds the bytes one Get has requested from the
 	// broker and not yet received: 4 MiB.
 	DefaultReadAhead = 4 << 20
+	// DefaultFollowAhead bounds the bytes one Follow has asked the broker
+	// for and not yet copied: 32 MiB.
+	DefaultFollowAhead = 32 << 20
 
 	maxWindow = 4096
 	maxParts  = 64
@@ -37,6 +40,7 @@ type options struct {
 	partThreshold int64
 	retries       int
 	readAhead     int
+	followAhead   int
 	timeout       time.Duration
 }
 
@@ -48,6 +52,7 @@ func defaultOptions() options {
 		partThreshold: DefaultPartThreshold,
 		retries:       DefaultRetries,
 		readAhead:     DefaultReadAhead,
+		followAhead:   DefaultFollowAhead,
 	}
 }
 
@@ -124,6 +129,22 @@ func WithReadAhead(n int) Option {
 			return fmt.Errorf("%w: read-ahead %d, want 64 KiB to 48 MiB", ErrInvalidOption, n)
 		}
 		o.readAhead = n
+		return nil
+	}
+}
+
+// WithFollowAhead sets how many bytes one Follow keeps asked for and not
+// yet copied, 64 KiB to 48 MiB. The chunks of an object being written
+// arrive as the broker stores them, so this is a pull window rather than a
+// read-ahead: too small, and the reader waits for its next pull while the
+// writer is well ahead. Like WithReadAhead it bounds what the broker
+// queues for the connection.
+func WithFollowAhead(n int) Option {
+	return func(o *options) error {
+		if n < 64<<10 || n > 48<<20 {
+			return fmt.Errorf("%w: follow-ahead %d, want 64 KiB to 48 MiB", ErrInvalidOption, n)
+		}
+		o.followAhead = n
 		return nil
 	}
 }

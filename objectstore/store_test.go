@@ -601,6 +601,8 @@ func TestOptions(t *testing.T) {
 		{"retries -1", objectstore.WithRetries(-1)},
 		{"read-ahead tiny", objectstore.WithReadAhead(1)},
 		{"read-ahead huge", objectstore.WithReadAhead(1 << 30)},
+		{"follow-ahead tiny", objectstore.WithFollowAhead(1)},
+		{"follow-ahead huge", objectstore.WithFollowAhead(1 << 30)},
 		{"timeout 0", objectstore.WithTimeout(0)},
 		{"part threshold 0", objectstore.WithPartThreshold(0)},
 		{"part threshold under chunk", objectstore.WithPartThreshold(1000)},
