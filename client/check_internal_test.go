@@ -50,6 +50,15 @@ func TestCheckAfterPurge(t *testing.T) {
 		t.Fatal(s.collect(nil))
 	}
 
+	// The frame went out without an acknowledgement: it is stored once
+	// the worker has answered it. Wait for the answer (left unread).
+	for len(s.replies) == 0 {
+		select {
+		case <-ctx.Done():
+			t.Fatal("no answer to the frame")
+		case <-time.After(time.Millisecond):
+		}
+	}
 	stream, err := c.js.Stream(ctx, c.names.OpsStream())
 	if err != nil {
 		t.Fatal(err)
