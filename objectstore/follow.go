@@ -124,6 +124,11 @@ func (s *Store) Follow(ctx context.Context, name, nuid string, dst []byte) (Info
 		}
 		return info(oi), s.read(ctx, oi, dst)
 	}
+	if in, ok, err := s.followLive(ctx, name, nuid, dst); ok {
+		return in, err
+	}
+	// The live read could not account for every chunk: read the chunk
+	// subject from its start, in stream order.
 	chunks, meta := chunkSubject(s.bucket, nuid), metaSubject(s.bucket, name)
 	cons, err := s.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects:    []string{chunks, meta},

@@ -27,6 +27,7 @@ func TestFollowWhileWriting(t *testing.T) {
 		err error
 	}
 	done := make(chan res, 1)
+	fb0, _, live0 := objectstore.LiveStats()
 	go func() {
 		in, err := s.Follow(ctx, "live", nuid, dst)
 		done <- res{in, err}
@@ -45,6 +46,10 @@ func TestFollowWhileWriting(t *testing.T) {
 	}
 	if r.in.SHA256 != put.SHA256 || r.in.Size != int64(len(data)) || r.in.Meta["k"] != "v" {
 		t.Fatalf("info %+v, put %+v", r.in, put)
+	}
+	// Put names its chunks for a live reader: none fell back.
+	if fb, _, live := objectstore.LiveStats(); fb != fb0 || live == live0 {
+		t.Fatalf("live read: %d fallbacks, %d chunks live", fb-fb0, live-live0)
 	}
 	// The object is complete now: following it again reads it from the start.
 	clear(dst)

@@ -1,0 +1,173 @@
+package objectstore_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetfabric/jetfabric/objectstore"
+)
+
+// handWriter writes an object in the store's format by hand, so a test
+// decides which chunks are stored before a reader subscribes and how the
+// live ones are named.
+type handWriter struct {
+	t     *testing.T
+	e     *env
+	name  string
+	nuid  string
+	data  []byte
+	chunk int
+}
+
+func (w *handWriter) subject() string { return "$O." + bucket + ".C." + w.nuid }
+
+func (w *handWriter) piece(i int) []byte {
+	return w.data[i*w.chunk : min((i+1)*w.chunk, len(w.data))]
+}
+
+func (w *handWriter) chunks() int { return (len(w.data) + w.chunk - 1) / w.chunk }
+
+// stored publishes chunks [from, to) and waits for the stream to store them.
+func (w *handWriter) stored(from, to int) {
+	w.t.Helper()
+	for i := from; i < to; i++ {
+		if _, err := w.e.js.Publish(context.Background(), w.subject(), w.piece(i)); err != nil {
+			w.t.Fatal(err)
+		}
+	}
+}
+
+// live publishes chunk i with reply token tok, as Put does (its ack goes
+// to <inbox>.<index>).
+func (w *handWriter) live(i int, tok string) {
+	w.t.Helper()
+	if err := w.e.nc.PublishRequest(w.subject(), "_INBOX.hand."+tok, w.piece(i)); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+// meta stores the object's meta, which ends it.
+func (w *handWriter) meta() {
+	w.t.Helper()
+	sum := sha256.Sum256(w.data)
+	oi := jetstream.ObjectInfo{
+		ObjectMeta: jetstream.ObjectMeta{Name: w.name, Opts: &jetstream.ObjectMetaOptions{ChunkSize: uint32(w.chunk)}},
+		Bucket:     bucket,
+		NUID:       w.nuid,
+		Size:       uint64(len(w.data)),
+		Chunks:     uint32(w.chunks()),
+		Digest:     "SHA-256=" + base64.URLEncoding.EncodeToString(sum[:]),
+	}
+	m := nats.NewMsg("$O." + bucket + ".M." + encodeName(w.name))
+	m.Header.Set("Nats-Rollup", "sub")
+	m.Data = mustJSON(w.t, oi)
+	if _, err := w.e.js.PublishMsg(context.Background(), m); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+// follow starts Follow and returns once it listens on the chunk subject.
+func (w *handWriter) follow(s *objectstore.Store, dst []byte) <-chan error {
+	w.t.Helper()
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Follow(context.Background(), w.name, w.nuid, dst)
+		done <- err
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		// The stream's own subscription (to every chunk subject) matches
+		// too: look for one to this subject alone.
+		sz, err := w.e.b.Server().Subsz(&server.SubszOptions{Subscriptions: true, Test: w.subject()})
+		if err == nil && slices.ContainsFunc(sz.Subs, func(d server.SubDetail) bool { return d.Subject == w.subject() }) {
+			return done
+		}
+		if time.Now().After(deadline) {
+			w.t.Fatal("the reader never subscribed to the chunk subject")
+		}
+	}
+}
+
+// TestFollowLive: chunks the broker stored before the reader subscribed
+// are read from the stream, the rest arrive live, and the meta ends the
+// read, with no fallback.
+func TestFollowLive(t *testing.T) {
+	e := newEnv(t)
+	s := e.store(t)
+	w := &handWriter{t: t, e: e, name: "live", nuid: objectstore.NewNUID(), data: randomBytes(40<<10+77, 9), chunk: 4 << 10}
+	w.stored(0, 3)
+	fb0, back0, live0 := objectstore.LiveStats()
+	dst := make([]byte, len(w.data))
+	done := w.follow(s, dst)
+	for i := 3; i < w.chunks(); i++ {
+		w.live(i, strconv.Itoa(i))
+	}
+	w.meta()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(dst, w.data) {
+		t.Fatal("followed bytes differ")
+	}
+	fb, back, live := objectstore.LiveStats()
+	if fb != fb0 || back-back0 != 3 || live-live0 != int64(w.chunks()-3) {
+		t.Fatalf("fallbacks %d, backfilled %d, live %d; want 0, 3, %d", fb-fb0, back-back0, live-live0, w.chunks()-3)
+	}
+}
+
+// TestFollowLiveFallsBack: live chunks that are not in order (a writer
+// that rewound, a reader that dropped some) are given up on, and the
+// object is read from the stream instead; chunks that do not match the
+// meta fail with ErrDigest.
+func TestFollowLiveFallsBack(t *testing.T) {
+	e := newEnv(t)
+	s := e.store(t)
+	for _, tc := range []struct {
+		name    string
+		toks    func(i int) string
+		corrupt bool
+	}{
+		{"out of order", func(i int) string { return strconv.Itoa(i ^ 1) }, false},
+		{"not ours", func(i int) string { return "x" + strconv.Itoa(i) }, false},
+		{"corrupt", strconv.Itoa, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := &handWriter{t: t, e: e, name: "fallback-" + tc.name, nuid: objectstore.NewNUID(), data: randomBytes(32<<10, 5), chunk: 4 << 10}
+			want := bytes.Clone(w.data)
+			fb0, _, _ := objectstore.LiveStats()
+			dst := make([]byte, len(w.data))
+			done := w.follow(s, dst)
+			for i := range w.chunks() {
+				w.live(i, tc.toks(i))
+			}
+			if tc.corrupt {
+				w.data[5] ^= 1 // the meta's digest no longer matches the chunks
+			}
+			w.meta()
+			err := <-done
+			fb, _, _ := objectstore.LiveStats()
+			switch {
+			case tc.corrupt:
+				if !errors.Is(err, objectstore.ErrDigest) {
+					t.Fatalf("corrupt chunks: %v, want ErrDigest", err)
+				}
+			case err != nil:
+				t.Fatal(err)
+			case !bytes.Equal(dst, want):
+				t.Fatal("bytes differ after the fallback")
+			case fb == fb0:
+				t.Fatal("the live read did not fall back")
+			}
+		})
+	}
+}
