@@ -595,13 +595,16 @@ func (s *Session) Upload(ctx context.Context, dtype string, shape []int, data []
 // twice, by any session, are stored once.
 func uploadName(sum [sha256.Size]byte) string { return "upload-" + hex.EncodeToString(sum[:]) }
 
-// uploadWhileWriting writes data into the object store at once, hashing it
-// beside the write. As soon as the digest names the object, it either
-// finds the same bytes stored before (the write is called off and its
-// chunks purged) or sends the op, naming the object and its chunk subject,
-// so the worker copies the chunks while the rest are written.
+// uploadWhileWriting sends the op at once, naming the object by an alias
+// (upload-<chunk subject token>) and its chunk subject, and writes data,
+// hashing it beside the write, so the worker copies the chunks while they
+// are written. The data object is named by its digest; once the digest is
+// known, the client either finds those bytes stored before (it stops
+// writing, its chunks are purged) or finishes the write, and in both cases
+// makes the alias a link to the object named by the digest.
 func (s *Session) uploadWhileWriting(ctx context.Context, store *objectstore.Store, op codec.Op, data []byte, meta map[string]string) (*Tensor, error) {
 	op.NUID = objectstore.NewNUID()
+	op.Object = "upload-" + op.NUID
 	named := make(chan string, 1)
 	pctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -614,24 +617,28 @@ func (s *Session) uploadWhileWriting(ctx context.Context, store *objectstore.Sto
 		}))
 		done <- err
 	}()
-	select {
-	case op.Object = <-named:
-	case err := <-done:
+	t := s.enqueue(op, 1)
+	s.Flush()
+	fail := func(err error) (*Tensor, error) {
+		// The worker is following the alias: tell it why nothing will come.
+		_ = store.Abort(context.WithoutCancel(ctx), op.Object, op.NUID, "the client's upload failed: "+err.Error())
 		return nil, fmt.Errorf("client: upload %d bytes: %w", len(data), err)
 	}
-	if info, err := store.Stat(ctx, op.Object); err == nil && info.Size == int64(len(data)) {
+	var name string
+	select {
+	case name = <-named:
+	case err := <-done:
+		return fail(err)
+	}
+	if info, err := store.Stat(ctx, name); err == nil && info.Size == int64(len(data)) {
 		// Stored before, by this or another session: stop writing.
 		cancel()
 		<-done
-		op.NUID = ""
-		return s.enqueue(op, 1), nil
+	} else if err := <-done; err != nil {
+		return fail(err)
 	}
-	t := s.enqueue(op, 1)
-	s.Flush()
-	if err := <-done; err != nil {
-		// The worker is following the chunks: tell it why none will come.
-		_ = store.Abort(context.WithoutCancel(ctx), op.Object, op.NUID, "the client's upload failed: "+err.Error())
-		return nil, fmt.Errorf("client: upload %d bytes: %w", len(data), err)
+	if _, err := store.Link(ctx, op.Object, name); err != nil {
+		return fail(err)
 	}
 	return t, nil
 }

@@ -32,7 +32,7 @@ func TestFollowWhileWriting(t *testing.T) {
 		in, err := s.Follow(ctx, "live", nuid, dst)
 		done <- res{in, err}
 	}()
-	time.Sleep(50 * time.Millisecond) // let the reader subscribe first (either order must work)
+	e.waitSubscribed(t, "$O."+bucket+".C."+nuid) // the reader first (either order must work)
 	put, err := s.Put(ctx, "live", data, map[string]string{"k": "v"}, objectstore.WithNUID(nuid))
 	if err != nil {
 		t.Fatal(err)

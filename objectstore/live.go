@@ -121,6 +121,9 @@ func (s *Store) followLive(ctx context.Context, name, nuid string, dst []byte) (
 				continue // an earlier object of that name, deleted
 			}
 			oi.ModTime = time.Now().UTC()
+			if target, ok := s.linkedTo(ctx, name, &oi, nuid); ok {
+				oi = *target // an alias of the object written on nuid
+			}
 			if oi.NUID == nuid && first < 0 {
 				// Every chunk was taken before the subscription: read them
 				// all from the stream.
@@ -167,6 +170,20 @@ var liveStats struct {
 	fallbacks  atomic.Int64 // live reads given up for another way
 	backfilled atomic.Int64 // chunks read from the stream before live ones
 	live       atomic.Int64 // chunks taken live
+}
+
+// linkedTo resolves a meta that links name to the object its writer
+// wrote on nuid: a writer that names the object by its content links a
+// name announced earlier to it (see Link).
+func (s *Store) linkedTo(ctx context.Context, name string, oi *jetstream.ObjectInfo, nuid string) (*jetstream.ObjectInfo, bool) {
+	if oi.Opts == nil || oi.Opts.Link == nil {
+		return nil, false
+	}
+	target, err := s.current(ctx, name)
+	if err != nil || target.NUID != nuid {
+		return nil, false
+	}
+	return target, true
 }
 
 // span is a range of dst ready to be hashed.

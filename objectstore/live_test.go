@@ -85,15 +85,22 @@ func (w *handWriter) follow(s *objectstore.Store, dst []byte) <-chan error {
 		_, err := s.Follow(context.Background(), w.name, w.nuid, dst)
 		done <- err
 	}()
+	w.e.waitSubscribed(w.t, w.subject())
+	return done
+}
+
+// waitSubscribed returns once a reader listens on subject itself.
+func (e *env) waitSubscribed(t *testing.T, subject string) {
+	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
 		// The stream's own subscription (to every chunk subject) matches
 		// too: look for one to this subject alone.
-		sz, err := w.e.b.Server().Subsz(&server.SubszOptions{Subscriptions: true, Test: w.subject()})
-		if err == nil && slices.ContainsFunc(sz.Subs, func(d server.SubDetail) bool { return d.Subject == w.subject() }) {
-			return done
+		sz, err := e.b.Server().Subsz(&server.SubszOptions{Subscriptions: true, Test: subject})
+		if err == nil && slices.ContainsFunc(sz.Subs, func(d server.SubDetail) bool { return d.Subject == subject }) {
+			return
 		}
 		if time.Now().After(deadline) {
-			w.t.Fatal("the reader never subscribed to the chunk subject")
+			t.Fatalf("no reader subscribed to %s", subject)
 		}
 	}
 }
@@ -169,5 +176,71 @@ func TestFollowLiveFallsBack(t *testing.T) {
 				t.Fatal("the live read did not fall back")
 			}
 		})
+	}
+}
+
+// TestFollowAlias: the reader follows a name announced before the writer
+// knew the object's own name; the writer names the object by its digest
+// and then links the announced name to it. The live chunks are checked
+// against the linked object, with no second read.
+func TestFollowAlias(t *testing.T) {
+	e := newEnv(t)
+	s := e.store(t, objectstore.WithChunkSize(16<<10))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	data := randomBytes(1<<20+3, 11)
+	nuid := objectstore.NewNUID()
+	fb0, _, live0 := objectstore.LiveStats()
+	dst := make([]byte, len(data))
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Follow(ctx, "alias", nuid, dst)
+		done <- err
+	}()
+	e.waitSubscribed(t, "$O."+bucket+".C."+nuid) // either order must work; this one goes live
+	in, err := s.Put(ctx, "", data, nil, objectstore.WithNUID(nuid), objectstore.WithNameFromDigest(func(sum [sha256.Size]byte) string {
+		return "content-" + base64.RawURLEncoding.EncodeToString(sum[:8])
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Link(ctx, "alias", in.Name); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil || !bytes.Equal(dst, data) {
+		t.Fatalf("follow of the alias: %v", err)
+	}
+	if fb, _, live := objectstore.LiveStats(); fb != fb0 || live == live0 {
+		t.Fatalf("%d fallbacks, %d chunks live", fb-fb0, live-live0)
+	}
+	// The alias reads as the object, also through nats.go.
+	got, _, err := s.Get(ctx, "alias")
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("get through the alias: %v", err)
+	}
+	nb, err := e.obs.GetBytes(ctx, "alias")
+	if err != nil || !bytes.Equal(nb, data) {
+		t.Fatalf("nats.go get through the alias: %v", err)
+	}
+	// A link to a link points at the object itself.
+	if _, err := s.Link(ctx, "alias2", "alias"); err != nil {
+		t.Fatal(err)
+	}
+	if got, _, err := s.Get(ctx, "alias2"); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("get through a link to a link: %v", err)
+	}
+	// Bad input.
+	for what, l := range map[string][2]string{
+		"empty name":     {"", in.Name},
+		"empty target":   {"x", ""},
+		"itself":         {"x", "x"},
+		"missing target": {"x", "no-such-object"},
+	} {
+		if _, err := s.Link(ctx, l[0], l[1]); err == nil {
+			t.Errorf("link %s: no error", what)
+		}
+	}
+	if _, err := s.Link(ctx, "x", "no-such-object"); !errors.Is(err, objectstore.ErrNotFound) {
+		t.Errorf("link to a missing object: %v, want ErrNotFound", err)
 	}
 }

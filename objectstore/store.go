@@ -354,3 +354,30 @@ func (s *Store) purge(ctx context.Context, nuid string) error {
 	}
 	return nil
 }
+
+// Link writes name as a link to object target in the same bucket, as
+// nats.go's AddLink does: a meta with no chunks that Get, GetInto, Follow
+// and the nats CLI resolve to the target. A target that is itself a link
+// is resolved first (links to links are not followed). Writing a link over
+// an object of that name replaces it; its chunks are not purged.
+func (s *Store) Link(ctx context.Context, name, target string) (Info, error) {
+	if name == "" || target == "" || name == target {
+		return Info{}, fmt.Errorf("%w: link %q to %q", ErrInvalidOption, name, target)
+	}
+	ctx, cancel := s.withTimeout(ctx)
+	defer cancel()
+	to, err := s.current(ctx, target)
+	if err != nil {
+		return Info{}, fmt.Errorf("objectstore: %s: link %q to %q: %w", s.bucket, name, target, err)
+	}
+	oi := &jetstream.ObjectInfo{
+		ObjectMeta: jetstream.ObjectMeta{Name: name, Opts: &jetstream.ObjectMetaOptions{Link: &jetstream.ObjectLink{Bucket: s.bucket, Name: to.Name}}},
+		Bucket:     s.bucket,
+		NUID:       newNUID(),
+		ModTime:    time.Now().UTC(),
+	}
+	if err := s.publishMeta(ctx, oi); err != nil {
+		return Info{}, fmt.Errorf("objectstore: %s: link %q to %q: %w", s.bucket, name, to.Name, err)
+	}
+	return info(to), nil
+}
