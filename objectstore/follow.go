@@ -196,8 +196,8 @@ func (s *Store) Follow(ctx context.Context, name, nuid string, dst []byte) (Info
 		if md, err := msg.Metadata(); err == nil {
 			oi.ModTime = md.Timestamp
 		}
-		if target, ok := s.linkedTo(ctx, name, &oi, nuid); ok {
-			oi = *target
+		if target, err := s.resolveLink(ctx, name, &oi); err == nil && target.NUID == nuid {
+			oi = *target // an alias of the object written on nuid
 		}
 		if oi.NUID != nuid || !fits || !followed(&oi, h.Sum(nil), off, n, len(dst)) {
 			return s.GetInto(ctx, name, dst)

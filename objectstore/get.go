@@ -44,6 +44,11 @@ func (s *Store) GetInto(ctx context.Context, name string, dst []byte) (Info, err
 	if err != nil {
 		return Info{}, err
 	}
+	return s.readInto(ctx, name, oi, dst)
+}
+
+// readInto reads the object that meta oi of name describes into dst.
+func (s *Store) readInto(ctx context.Context, name string, oi *jetstream.ObjectInfo, dst []byte) (Info, error) {
 	in := info(oi)
 	if int64(len(dst)) != in.Size {
 		return in, fmt.Errorf("%w: %q in bucket %s is %d bytes, destination is %d", ErrSize, name, s.bucket, in.Size, len(dst))
@@ -61,17 +66,25 @@ func (s *Store) current(ctx context.Context, name string) (*jetstream.ObjectInfo
 	if oi.Deleted {
 		return nil, fmt.Errorf("%w: %q in bucket %s was deleted", ErrNotFound, name, s.bucket)
 	}
-	if oi.Opts != nil && oi.Opts.Link != nil {
-		l := oi.Opts.Link
-		if l.Name == "" || l.Bucket != s.bucket {
-			return nil, fmt.Errorf("objectstore: %s: %q links to bucket %s object %q; only links to objects in the same bucket are followed", s.bucket, name, l.Bucket, l.Name)
-		}
-		if oi, _, err = s.readMeta(ctx, l.Name); err != nil {
-			return nil, err
-		}
-		if oi.Deleted || (oi.Opts != nil && oi.Opts.Link != nil) {
-			return nil, fmt.Errorf("%w: link %q in bucket %s points to %q, deleted or a link", ErrNotFound, name, s.bucket, l.Name)
-		}
+	return s.resolveLink(ctx, name, oi)
+}
+
+// resolveLink returns the meta of the object that meta oi of name links
+// to, or oi itself when it is no link.
+func (s *Store) resolveLink(ctx context.Context, name string, oi *jetstream.ObjectInfo) (*jetstream.ObjectInfo, error) {
+	if oi.Opts == nil || oi.Opts.Link == nil {
+		return oi, nil
+	}
+	l := oi.Opts.Link
+	if l.Name == "" || l.Bucket != s.bucket {
+		return nil, fmt.Errorf("objectstore: %s: %q links to bucket %s object %q; only links to objects in the same bucket are followed", s.bucket, name, l.Bucket, l.Name)
+	}
+	oi, _, err := s.readMeta(ctx, l.Name)
+	if err != nil {
+		return nil, err
+	}
+	if oi.Deleted || (oi.Opts != nil && oi.Opts.Link != nil) {
+		return nil, fmt.Errorf("%w: link %q in bucket %s points to %q, deleted or a link", ErrNotFound, name, s.bucket, l.Name)
 	}
 	return oi, nil
 }

@@ -64,10 +64,8 @@ func (s *Store) followLive(ctx context.Context, name, nuid string, dst []byte) (
 		case !oi.Deleted:
 			in, err := s.GetInto(ctx, name, dst)
 			return in, true, err
-		case oi.NUID == nuid && oi.Headers != nil && oi.Headers.Get(hdrError) != "":
-			return Info{}, true, fmt.Errorf("%w: %q in bucket %s: its writer gave up: %s", ErrNotFound, name, s.bucket, oi.Headers.Get(hdrError))
 		case oi.NUID == nuid:
-			return Info{}, true, fmt.Errorf("%w: %q in bucket %s was deleted", ErrNotFound, name, s.bucket)
+			return Info{}, true, s.deleted(name, oi)
 		}
 	}
 
@@ -85,9 +83,37 @@ func (s *Store) followLive(ctx context.Context, name, nuid string, dst []byte) (
 	}
 	idle := time.NewTimer(s.opts.timeout)
 	defer idle.Stop()
+	// Until a chunk arrives live, the writer may have finished before the
+	// subscriptions took effect with its meta not yet stored when it was
+	// looked for above (the broker hands a message to subscribers before
+	// its stream stores it): look again, at growing intervals. Once a
+	// chunk arrives live, the meta, written after it, will too.
+	recheck := time.NewTimer(time.Millisecond)
+	defer recheck.Stop()
+	wait := time.Millisecond
 	for {
 		var m *nats.Msg
 		select {
+		case <-recheck.C:
+			if first >= 0 {
+				continue
+			}
+			if len(ch) > 0 { // what arrived comes first
+				recheck.Reset(wait)
+				continue
+			}
+			if oi, _, err := s.readMeta(ctx, name); err == nil {
+				switch {
+				case !oi.Deleted:
+					in, err := s.GetInto(ctx, name, dst)
+					return in, true, err
+				case oi.NUID == nuid:
+					return Info{}, true, s.deleted(name, oi)
+				}
+			}
+			wait = min(2*wait, 100*time.Millisecond)
+			recheck.Reset(wait)
+			continue
 		case m = <-ch:
 		case <-idle.C:
 			stop()
@@ -110,34 +136,32 @@ func (s *Store) followLive(ctx context.Context, name, nuid string, dst []byte) (
 				return Info{}, false, nil
 			}
 			if oi.Deleted {
-				if oi.Headers != nil && oi.Headers.Get(hdrError) != "" {
+				if oi.NUID == nuid || oi.Headers != nil && oi.Headers.Get(hdrError) != "" {
 					stop()
-					return Info{}, true, fmt.Errorf("%w: %q in bucket %s: its writer gave up: %s", ErrNotFound, name, s.bucket, oi.Headers.Get(hdrError))
-				}
-				if oi.NUID == nuid {
-					stop()
-					return Info{}, true, fmt.Errorf("%w: %q in bucket %s was deleted", ErrNotFound, name, s.bucket)
+					return Info{}, true, s.deleted(name, &oi)
 				}
 				continue // an earlier object of that name, deleted
 			}
 			oi.ModTime = time.Now().UTC()
-			if target, ok := s.linkedTo(ctx, name, &oi, nuid); ok {
-				oi = *target // an alias of the object written on nuid
-			}
-			if oi.NUID == nuid && first < 0 {
-				// Every chunk was taken before the subscription: read them
-				// all from the stream.
-				return info(&oi), true, s.read(ctx, &oi, dst)
-			}
 			var sum []byte
 			if back != nil {
 				sum, err = back.finish()
 			}
-			if err != nil || oi.NUID != nuid || !followed(&oi, sum, off, next, len(dst)) {
-				in, err := s.GetInto(ctx, name, dst)
-				return in, true, err
+			// The meta may not be stored yet (a subscriber gets a message
+			// before its stream stores it), so it is read from here on
+			// rather than looked up; what it names was stored before it.
+			target, lerr := s.resolveLink(ctx, name, &oi)
+			if lerr != nil {
+				return Info{}, true, fmt.Errorf("objectstore: %s: follow %q: %w", s.bucket, name, lerr)
 			}
-			return info(&oi), true, nil
+			if err == nil && first >= 0 && target.NUID == nuid && followed(target, sum, off, next, len(dst)) {
+				return info(target), true, nil
+			}
+			// Every chunk was taken before the subscription, or another
+			// writer's object won, or the chunks do not match: read the
+			// object from the stream.
+			in, err := s.readInto(ctx, name, target, dst)
+			return in, true, err
 		}
 		i, err := strconv.Atoi(m.Reply[strings.LastIndexByte(m.Reply, '.')+1:])
 		if err != nil || m.Reply == "" {
@@ -172,18 +196,13 @@ var liveStats struct {
 	live       atomic.Int64 // chunks taken live
 }
 
-// linkedTo resolves a meta that links name to the object its writer
-// wrote on nuid: a writer that names the object by its content links a
-// name announced earlier to it (see Link).
-func (s *Store) linkedTo(ctx context.Context, name string, oi *jetstream.ObjectInfo, nuid string) (*jetstream.ObjectInfo, bool) {
-	if oi.Opts == nil || oi.Opts.Link == nil {
-		return nil, false
+// deleted is the error for a delete marker that ends a read: with the
+// writer's reason when Abort gave one.
+func (s *Store) deleted(name string, oi *jetstream.ObjectInfo) error {
+	if oi.Headers != nil && oi.Headers.Get(hdrError) != "" {
+		return fmt.Errorf("%w: %q in bucket %s: its writer gave up: %s", ErrNotFound, name, s.bucket, oi.Headers.Get(hdrError))
 	}
-	target, err := s.current(ctx, name)
-	if err != nil || target.NUID != nuid {
-		return nil, false
-	}
-	return target, true
+	return fmt.Errorf("%w: %q in bucket %s was deleted", ErrNotFound, name, s.bucket)
 }
 
 // span is a range of dst ready to be hashed.
