@@ -144,8 +144,9 @@ func (s *Store) followLive(ctx context.Context, name, nuid string, dst []byte) (
 			}
 			oi.ModTime = time.Now().UTC()
 			var sum []byte
+			var berr error
 			if back != nil {
-				sum, err = back.finish()
+				sum, berr = back.finish()
 			}
 			// The meta may not be stored yet (a subscriber gets a message
 			// before its stream stores it), so it is read from here on
@@ -154,7 +155,7 @@ func (s *Store) followLive(ctx context.Context, name, nuid string, dst []byte) (
 			if lerr != nil {
 				return Info{}, true, fmt.Errorf("objectstore: %s: follow %q: %w", s.bucket, name, lerr)
 			}
-			if err == nil && first >= 0 && target.NUID == nuid && followed(target, sum, off, next, len(dst)) {
+			if berr == nil && first >= 0 && target.NUID == nuid && followed(target, sum, off, next, len(dst)) {
 				return info(target), true, nil
 			}
 			// Every chunk was taken before the subscription, or another
