@@ -249,20 +249,7 @@ func BenchmarkPipelined(b *testing.B) {
 			b.SetBytes(int64(size))
 			for b.Loop() {
 				i++
-				name := fmt.Sprintf("pipe-%d", i)
-				nuid := objectstore.NewNUID()
-				done := make(chan error, 1)
-				go func() {
-					_, err := r.Follow(ctx, name, nuid, dst)
-					done <- err
-				}()
-				if _, err := w.Put(ctx, name, data, nil, objectstore.WithNUID(nuid)); err != nil {
-					b.Fatal(err)
-				}
-				if err := <-done; err != nil {
-					b.Fatal(err)
-				}
-				_ = w.Delete(ctx, name)
+				followOnce(b, w, r, fmt.Sprintf("pipe-%d", i), data, dst)
 			}
 		})
 	}
@@ -273,7 +260,6 @@ func BenchmarkPipelined(b *testing.B) {
 // windows from 8 to 32 MiB.
 func BenchmarkFollowAhead(b *testing.B) {
 	e := newEnv(b)
-	ctx := context.Background()
 	const size = 256 << 20
 	data := randomBytes(size, 1)
 	dst := make([]byte, size)
@@ -285,21 +271,27 @@ func BenchmarkFollowAhead(b *testing.B) {
 			b.SetBytes(size)
 			for b.Loop() {
 				i++
-				name := fmt.Sprintf("ahead-%d", i)
-				nuid := objectstore.NewNUID()
-				done := make(chan error, 1)
-				go func() {
-					_, err := r.Follow(ctx, name, nuid, dst)
-					done <- err
-				}()
-				if _, err := w.Put(ctx, name, data, nil, objectstore.WithNUID(nuid)); err != nil {
-					b.Fatal(err)
-				}
-				if err := <-done; err != nil {
-					b.Fatal(err)
-				}
-				_ = w.Delete(ctx, name)
+				followOnce(b, w, r, fmt.Sprintf("ahead-%d", i), data, dst)
 			}
 		})
 	}
+}
+
+// followOnce writes data as name with w while r follows it into dst, then
+// deletes it.
+func followOnce(b *testing.B, w, r *objectstore.Store, name string, data, dst []byte) {
+	ctx := context.Background()
+	nuid := objectstore.NewNUID()
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.Follow(ctx, name, nuid, dst)
+		done <- err
+	}()
+	if _, err := w.Put(ctx, name, data, nil, objectstore.WithNUID(nuid)); err != nil {
+		b.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+	_ = w.Delete(ctx, name)
 }

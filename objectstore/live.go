@@ -57,18 +57,6 @@ func (s *Store) followLive(ctx context.Context, name, nuid string, dst []byte) (
 	if err != nil {
 		return Info{}, false, nil
 	}
-	// A meta stored before the subscriptions took effect is not delivered
-	// to them: look once more.
-	if oi, _, err := s.readMeta(ctx, name); err == nil {
-		switch {
-		case !oi.Deleted:
-			in, err := s.GetInto(ctx, name, dst)
-			return in, true, err
-		case oi.NUID == nuid:
-			return Info{}, true, s.deleted(name, oi)
-		}
-	}
-
 	var (
 		first    = -1 // index of the first live chunk
 		next     int  // index of the next live chunk
@@ -83,12 +71,13 @@ func (s *Store) followLive(ctx context.Context, name, nuid string, dst []byte) (
 	}
 	idle := time.NewTimer(s.opts.timeout)
 	defer idle.Stop()
-	// Until a chunk arrives live, the writer may have finished before the
-	// subscriptions took effect with its meta not yet stored when it was
-	// looked for above (the broker hands a message to subscribers before
-	// its stream stores it): look again, at growing intervals. Once a
-	// chunk arrives live, the meta, written after it, will too.
-	recheck := time.NewTimer(time.Millisecond)
+	// A meta stored before the subscriptions took effect is not delivered
+	// to them: look for it now and, until a chunk arrives live, again at
+	// growing intervals (a writer may have finished just before the
+	// subscriptions with its meta not yet stored: the broker hands a
+	// message to subscribers before its stream stores it). Once a chunk
+	// arrives live, the meta, written after it, will too.
+	recheck := time.NewTimer(0)
 	defer recheck.Stop()
 	wait := time.Millisecond
 	for {

@@ -21,8 +21,8 @@ const (
 	// DefaultReadAhead bounds the bytes one Get has requested from the
 	// broker and not yet received: 4 MiB.
 	DefaultReadAhead = 4 << 20
-	// DefaultFollowAhead bounds the bytes one Follow has asked the broker
-	// for and not yet copied: 32 MiB.
+	// DefaultFollowAhead bounds the bytes one Follow holds and has not
+	// copied: 32 MiB.
 	DefaultFollowAhead = 32 << 20
 
 	maxWindow = 4096
@@ -133,12 +133,12 @@ func WithReadAhead(n int) Option {
 	}
 }
 
-// WithFollowAhead sets how many bytes one Follow keeps asked for and not
-// yet copied, 64 KiB to 48 MiB. The chunks of an object being written
-// arrive as the broker stores them, so this is a pull window rather than a
-// read-ahead: too small, and the reader waits for its next pull while the
-// writer is well ahead. Like WithReadAhead it bounds what the broker
-// queues for the connection.
+// WithFollowAhead bounds what one Follow holds and has not copied, 64 KiB
+// to 48 MiB: its queue of live chunks holds up to twice that (a reader
+// that falls further behind drops chunks and reads the rest from the
+// stream), and the consumer it then reads through asks for that much at a
+// time. Like WithReadAhead it bounds what the broker queues for the
+// connection.
 func WithFollowAhead(n int) Option {
 	return func(o *options) error {
 		if n < 64<<10 || n > 48<<20 {
