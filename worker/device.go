@@ -121,7 +121,7 @@ func (d *device) serve(ready chan<- error) {
 		renewStop := make(chan struct{})
 		var renew sync.WaitGroup
 		renew.Go(func() { d.renewLoop(l, renewStop) })
-		d.run()
+		lost := d.run()
 		close(renewStop)
 		renew.Wait()
 		select {
@@ -130,9 +130,15 @@ func (d *device) serve(ready chan<- error) {
 			return
 		default:
 		}
-		w.logf("worker: %s: lease lost; stepping down to standby", d.cfg.Name)
+		if lost {
+			// The lease is still ours: taking it again is immediate, and
+			// the device resumes from its last checkpoint on a new consumer.
+			w.logf("worker: %s: consumer lost; taking the device over again", d.cfg.Name)
+		} else {
+			w.logf("worker: %s: lease lost; stepping down to standby", d.cfg.Name)
+		}
 		d.stepDown(false)
-		if d.adopting {
+		if d.adopting && !lost {
 			d.close()
 			return
 		}
@@ -149,8 +155,9 @@ func (d *device) takeOver(ctx context.Context) error {
 	}
 	d.applied.Store(from)
 	cc := jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{w.names.OpsDevice(d.cfg.Name)},
-		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		FilterSubjects:   []string{w.names.OpsDevice(d.cfg.Name)},
+		DeliverPolicy:    jetstream.DeliverAllPolicy,
+		MaxResetAttempts: consumerResets,
 	}
 	if from > 0 {
 		cc.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
@@ -262,17 +269,27 @@ func (d *device) serving() bool {
 	return l != nil && l.held()
 }
 
+// consumerResets bounds how many times the ordered consumer tries to
+// re-create itself after losing its server consumer (a cluster node that
+// died with it). It retries under one name; when a create under that name
+// keeps failing (seen after a stream leader was killed, while a consumer
+// under a new name was created at once), the device loop gives up on the
+// consumer and takes the device over again, which opens a new one after
+// the last checkpoint.
+const consumerResets = 3
+
 // nextWait bounds one wait for a frame: more than twice the consumer's
 // heartbeat, so a missing heartbeat is seen, and well under stallAfter.
 const nextWait = 3 * time.Second
 
-// run consumes frames in stream order until halt.
-func (d *device) run() {
+// run consumes frames in stream order until halt, or until the consumer
+// fails for good (lost reports that).
+func (d *device) run() (lost bool) {
 	d.mu.Lock()
 	it := d.iter
 	d.mu.Unlock()
 	if it == nil {
-		return
+		return false
 	}
 	idleCheck := time.Now()
 	lastCkpt := idleCheck
@@ -286,18 +303,16 @@ func (d *device) run() {
 			select {
 			case <-d.w.stop: // stopped before the iterator was there to halt
 				it.Stop()
-				return
+				return false
 			default:
 			}
 		case errors.Is(err, jetstream.ErrMsgIteratorClosed):
-			return
+			return false
 		default:
-			d.w.logf("worker: %s: next frame: %v", d.cfg.Name, err)
-			select {
-			case <-d.w.stop:
-				return
-			case <-time.After(100 * time.Millisecond):
-			}
+			// The ordered consumer could not re-create itself.
+			d.w.logf("worker: %s: consumer after sequence %d: %v", d.cfg.Name, d.applied.Load(), err)
+			it.Stop()
+			return true
 		}
 		now := time.Now()
 		if iv := d.w.cfg.CheckpointInterval; d.ckptWanted || (iv > 0 && now.Sub(lastCkpt) >= iv) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -343,5 +344,67 @@ func checkFor(t testing.TB, total, step time.Duration, fn func() error) {
 			t.Fatalf("after %v: %v", total, err)
 		}
 		time.Sleep(step)
+	}
+}
+
+// TestConsumerLostIsReopened: the device's consumer disappears (its
+// server died with it) and the ordered consumer cannot re-create itself
+// under its next name (here a conflicting consumer holds that name, as a
+// create stuck on a dead node would). The device loop gives up on it and
+// takes the device over again on a new consumer; the session's tensors
+// come back from the stream, and reads are answered.
+func TestConsumerLostIsReopened(t *testing.T) {
+	b := brokertest.Run(t)
+	startWorker(t, b)
+	a := newRaw(t, b, "fabric.ops.cpu-0.alice")
+	a.sendJSON(`{"v":1,"ops":[{"op":"full","out":[1],"shape":[1],"value":7},{"op":"read","in":[1],"tag":1}]}`)
+	if res := a.result(); res.Tensor == nil || res.Tensor.Values[0] != 7 {
+		t.Fatalf("before: %+v", res)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	stream, err := a.js.Stream(ctx, "FABRIC_OPS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var current string
+	for name := range stream.ConsumerNames(ctx).Name() {
+		current = name // the worker's ordered consumer, the only one
+	}
+	i := strings.LastIndexByte(current, '_')
+	if i < 0 {
+		t.Fatalf("no ordered consumer on the stream (got %q)", current)
+	}
+	// The name the ordered consumer re-creates itself under, taken by a
+	// consumer whose settings cannot be changed into an ordered one's.
+	serial, _ := strconv.Atoi(current[i+1:])
+	next := fmt.Sprintf("%s_%d", current[:i], serial+1)
+	if _, err := stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
+		Name: next, AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: "fabric.ops.nobody.x", InactiveThreshold: time.Minute,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.DeleteConsumer(ctx, current); err != nil {
+		t.Fatal(err)
+	}
+	a.sendJSON(`{"v":1,"ops":[{"op":"add","in":[1,1],"out":[2]},{"op":"read","in":[2],"tag":2}]}`)
+	// The takeover replays the first frame too: its read is answered again.
+	for {
+		m, err := a.inbox.NextMsg(30 * time.Second)
+		if err != nil {
+			t.Fatalf("no answer after the consumer was lost: %v", err)
+		}
+		enc, _ := codec.EncodingOf(m.Header.Get(subjects.HeaderContentType))
+		var res codec.Result
+		if err := codec.Unmarshal(enc, m.Data, &res); err != nil {
+			t.Fatal(err)
+		}
+		if res.Tag == 1 && res.Tensor != nil && res.Tensor.Values[0] == 7 {
+			continue
+		}
+		if res.Tag != 2 || res.Tensor == nil || res.Tensor.Values[0] != 14 {
+			t.Fatalf("after: %+v", res)
+		}
+		return
 	}
 }
