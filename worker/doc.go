@@ -4,6 +4,9 @@
 // the FABRIC_CTRL bucket with its properties and a heartbeat, and runs one
 // goroutine per device that consumes the device's frames from FABRIC_OPS
 // with an ordered consumer, in stream order. Frame order is execution order.
+// A device whose consumer is lost (its cluster node died) and cannot be
+// re-created after a few tries is taken over again by its own worker:
+// last checkpoint, then the frames after it, on a new consumer.
 //
 // Each session (the last token of the op subject) has its own tensor table:
 // ids are minted by the client, and a session can only name its own
