@@ -93,6 +93,9 @@ func (s *Store) followLive(ctx context.Context, name, nuid string, dst []byte) (
 			}
 			if oi, _, err := s.readMeta(ctx, name); err == nil {
 				switch {
+				case len(ch) > 0:
+					// Chunks came in while it looked: the reply came after
+					// them on the connection. Take them live.
 				case !oi.Deleted:
 					in, err := s.GetInto(ctx, name, dst)
 					return in, true, err
