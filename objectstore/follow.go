@@ -185,11 +185,8 @@ func (s *Store) Follow(ctx context.Context, name, nuid string, dst []byte) (Info
 			return Info{}, fmt.Errorf("%w: %q in bucket %s: meta is not ObjectInfo JSON: %v", ErrDigest, name, s.bucket, err)
 		}
 		if oi.Deleted {
-			if oi.Headers != nil && oi.Headers.Get(hdrError) != "" {
-				return Info{}, fmt.Errorf("%w: %q in bucket %s: its writer gave up: %s", ErrNotFound, name, s.bucket, oi.Headers.Get(hdrError))
-			}
-			if oi.NUID == nuid {
-				return Info{}, fmt.Errorf("%w: %q in bucket %s was deleted", ErrNotFound, name, s.bucket)
+			if oi.NUID == nuid || oi.Headers != nil && oi.Headers.Get(hdrError) != "" {
+				return Info{}, s.deleted(name, &oi)
 			}
 			continue // an earlier object of that name, deleted
 		}
