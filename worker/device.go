@@ -18,8 +18,9 @@ import (
 	"github.com/jetfabric/jetfabric/subjects"
 )
 
-// device is one device's loop: the only goroutine that touches its sessions
-// and its backend.
+// device is one device's loop. Its frames run on the feed's goroutine and
+// its housekeeping on run's, one at a time under loop: nothing else
+// touches its sessions and its backend.
 type device struct {
 	w       *Worker
 	cfg     Device
@@ -33,8 +34,14 @@ type device struct {
 	loopAt atomic.Int64
 	m      metrics
 
+	// loop is held while a frame runs and while run keeps house.
+	loop sync.Mutex
+	// lastCkpt and idleCheck: when the loop last checkpointed on its
+	// interval and last looked for idle sessions. Under loop.
+	lastCkpt, idleCheck time.Time
+
 	mu    sync.Mutex
-	iter  jetstream.MessagesContext
+	feed  *feed
 	lease *lease
 
 	// adopting: the device was taken over from a dead worker (see Adopt);
@@ -57,6 +64,7 @@ type device struct {
 	// applied every frame that was in the stream.
 	replay struct {
 		on         bool
+		first      bool // the next frame is the first since the takeover
 		start      time.Time
 		frames     uint64
 		ops0       uint64
@@ -145,7 +153,7 @@ func (d *device) serve(ready chan<- error) {
 	}
 }
 
-// takeOver restores the last checkpoint and opens the consumer after it.
+// takeOver restores the last checkpoint and opens the feed after it.
 func (d *device) takeOver(ctx context.Context) error {
 	w := d.w
 	t0 := time.Now()
@@ -154,40 +162,31 @@ func (d *device) takeOver(ctx context.Context) error {
 		return err
 	}
 	d.applied.Store(from)
-	cc := jetstream.OrderedConsumerConfig{
-		FilterSubjects:   []string{w.names.OpsDevice(d.cfg.Name)},
-		DeliverPolicy:    jetstream.DeliverAllPolicy,
-		MaxResetAttempts: consumerResets,
-	}
-	if from > 0 {
-		cc.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
-		cc.OptStartSeq = from + 1
-	}
-	cons, err := w.js.OrderedConsumer(ctx, w.names.OpsStream(), cc)
+	now := time.Now()
+	// Frames run as soon as the feed is there: they wait for the loop
+	// until the device is set up and registered.
+	d.loop.Lock()
+	d.lastCkpt, d.idleCheck = now, now
+	d.loopAt.Store(now.UnixNano())
+	// The first frame says whether there are frames to catch up on.
+	d.replay.on, d.replay.first, d.replay.restoredAt = false, true, from
+	sessions := len(d.sessions)
+	f, err := startFeed(ctx, w.js, w.names.OpsStream(), w.names.OpsDevice(d.cfg.Name), d.cfg.Name, from, d.frame, w.logf)
 	if err != nil {
-		return fmt.Errorf("worker: consumer for %s: %w", d.cfg.Name, err)
-	}
-	// The iterator notices missing heartbeats only within one Next call:
-	// with heartbeats every second and Next waiting up to nextWait, a
-	// consumer lost with its server (a cluster node killed) is detected
-	// and recreated after the last applied frame.
-	it, err := cons.Messages(jetstream.PullMaxMessages(256), jetstream.PullHeartbeat(time.Second))
-	if err != nil {
-		return fmt.Errorf("worker: consume %s: %w", d.cfg.Name, err)
+		d.loop.Unlock()
+		return fmt.Errorf("worker: %s: %w", d.cfg.Name, err)
 	}
 	d.mu.Lock()
-	d.iter = it
+	d.feed = f
 	d.mu.Unlock()
 	if err := w.register(ctx, d, "serving"); err != nil {
-		it.Stop()
+		d.loop.Unlock()
+		f.Stop()
+		<-f.Done()
 		return err
 	}
-	w.logf("worker: %s: serving (restored %d sessions at sequence %d in %v)", d.cfg.Name, len(d.sessions), from, time.Since(t0).Round(time.Millisecond))
-	// Time the catch-up only when there are frames to catch up on.
-	d.replay.on = false
-	if ci, err := cons.Info(ctx); err == nil && ci.NumPending > 0 {
-		d.replay.on, d.replay.start, d.replay.frames, d.replay.ops0, d.replay.restoredAt = true, time.Now(), 0, d.m.ops.Load(), from
-	}
+	w.logf("worker: %s: serving (restored %d sessions at sequence %d in %v)", d.cfg.Name, sessions, from, time.Since(t0).Round(time.Millisecond))
+	d.loop.Unlock()
 	return nil
 }
 
@@ -239,7 +238,7 @@ func (d *device) stepDown(release bool) {
 	d.halt()
 	d.mu.Lock()
 	l := d.lease
-	d.lease, d.iter = nil, nil
+	d.lease, d.feed = nil, nil
 	d.mu.Unlock()
 	if release && l != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), d.w.cfg.LeaseTTL)
@@ -269,74 +268,70 @@ func (d *device) serving() bool {
 	return l != nil && l.held()
 }
 
-// consumerResets bounds how many times the ordered consumer tries to
-// re-create itself after losing its server consumer (a cluster node that
-// died with it). It retries under one name; when a create under that name
-// keeps failing (seen after a stream leader was killed, while a consumer
-// under a new name was created at once), the device loop gives up on the
-// consumer and takes the device over again, which opens a new one after
-// the last checkpoint.
-const consumerResets = 3
-
-// nextWait bounds one wait for a frame: more than twice the consumer's
-// heartbeat, so a missing heartbeat is seen, and well under stallAfter.
-const nextWait = 3 * time.Second
-
-// run consumes frames in stream order until halt, or until the consumer
-// fails for good (lost reports that).
+// run keeps house while the feed runs the frames, until halt, or until
+// the feed's consumer is lost for good (lost reports that).
 func (d *device) run() (lost bool) {
 	d.mu.Lock()
-	it := d.iter
+	f := d.feed
 	d.mu.Unlock()
-	if it == nil {
+	if f == nil {
 		return false
 	}
-	idleCheck := time.Now()
-	lastCkpt := idleCheck
-	d.loopAt.Store(idleCheck.UnixNano())
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	stop := d.w.stop
 	for {
-		msg, err := it.Next(jetstream.NextMaxWait(nextWait))
-		switch {
-		case err == nil:
-			d.handle(msg)
-		case errors.Is(err, nats.ErrTimeout):
-			select {
-			case <-d.w.stop: // stopped before the iterator was there to halt
-				it.Stop()
-				return false
-			default:
+		select {
+		case <-f.Done():
+			if err := f.Err(); err != nil {
+				d.w.logf("worker: %s: consumer after sequence %d: %v", d.cfg.Name, d.applied.Load(), err)
+				return true
 			}
-		case errors.Is(err, jetstream.ErrMsgIteratorClosed):
 			return false
-		default:
-			// The ordered consumer could not re-create itself.
-			d.w.logf("worker: %s: consumer after sequence %d: %v", d.cfg.Name, d.applied.Load(), err)
-			it.Stop()
-			return true
-		}
-		now := time.Now()
-		if iv := d.w.cfg.CheckpointInterval; d.ckptWanted || (iv > 0 && now.Sub(lastCkpt) >= iv) {
-			d.ckptWanted = false
-			lastCkpt = now
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-			if _, err := d.checkpoint(ctx); err != nil {
-				d.w.logf("worker: %s: %v", d.cfg.Name, err)
-			}
-			cancel()
-		}
-		if now.Sub(idleCheck) > time.Second {
-			d.evictIdle(now)
-			idleCheck = now
-			d.loopAt.Store(now.UnixNano())
+		case <-stop: // stopped before the feed was there to halt
+			f.Stop()
+			stop = nil
+		case now := <-tick.C:
+			d.loop.Lock()
+			d.housekeep(now)
+			d.loop.Unlock()
 		}
 	}
 }
 
+// frame runs one frame from the feed, then keeps house.
+func (d *device) frame(msg jetstream.Msg) {
+	d.loop.Lock()
+	defer d.loop.Unlock()
+	d.handle(msg)
+	d.housekeep(time.Now())
+}
+
+// housekeep checkpoints when an op asked for it or the interval is up,
+// and frees idle sessions once a second. Under loop.
+func (d *device) housekeep(now time.Time) {
+	if iv := d.w.cfg.CheckpointInterval; d.ckptWanted || (iv > 0 && now.Sub(d.lastCkpt) >= iv) {
+		d.ckptWanted = false
+		d.lastCkpt = now
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		if _, err := d.checkpoint(ctx); err != nil {
+			d.w.logf("worker: %s: %v", d.cfg.Name, err)
+		}
+		cancel()
+	}
+	if now.Sub(d.idleCheck) >= time.Second {
+		d.evictIdle(now)
+		d.idleCheck = now
+		d.loopAt.Store(now.UnixNano())
+	}
+}
+
+// halt stops the feed; run returns once no frame runs.
 func (d *device) halt() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.iter != nil {
-		d.iter.Stop()
+	if d.feed != nil {
+		d.feed.Stop()
 	}
 }
 
@@ -375,6 +370,13 @@ func (d *device) handle(msg jetstream.Msg) {
 	if md, err := msg.Metadata(); err == nil {
 		seq = md.Sequence.Stream
 		d.m.pending.Store(md.NumPending)
+		if d.replay.first {
+			// Time the catch-up only when there are frames to catch up on.
+			d.replay.first = false
+			if md.NumPending > 0 {
+				d.replay.on, d.replay.start, d.replay.frames, d.replay.ops0 = true, time.Now(), 0, d.m.ops.Load()
+			}
+		}
 		if d.replay.on {
 			d.replay.frames++
 			if md.NumPending == 0 {

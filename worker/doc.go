@@ -2,8 +2,10 @@
 //
 // A Worker claims one or more devices (cpu-0, gpu-0, ...), registers each in
 // the FABRIC_CTRL bucket with its properties and a heartbeat, and runs one
-// goroutine per device that consumes the device's frames from FABRIC_OPS
-// with an ordered consumer, in stream order. Frame order is execution order.
+// loop per device that consumes the device's frames from FABRIC_OPS in
+// stream order, from a push consumer it re-creates after a gap (feed.go),
+// running each frame on the consumer's delivery goroutine and keeping
+// house on its own. Frame order is execution order.
 // A device whose consumer is lost (its cluster node died) and cannot be
 // re-created after a few tries is taken over again by its own worker:
 // last checkpoint, then the frames after it, on a new consumer.

@@ -75,7 +75,12 @@ func (r *rawSession) sendJSON(body string) {
 
 func (r *rawSession) result() codec.Result {
 	r.t.Helper()
-	m, err := r.inbox.NextMsg(5 * time.Second)
+	return r.resultWithin(5 * time.Second)
+}
+
+func (r *rawSession) resultWithin(wait time.Duration) codec.Result {
+	r.t.Helper()
+	m, err := r.inbox.NextMsg(wait)
 	if err != nil {
 		r.t.Fatalf("no reply: %v", err)
 	}
@@ -406,5 +411,97 @@ func TestConsumerLostIsReopened(t *testing.T) {
 			t.Fatalf("after: %+v", res)
 		}
 		return
+	}
+}
+
+// feedConsumer returns the one consumer of FABRIC_OPS: the device's feed.
+func feedConsumer(t *testing.T, ctx context.Context, js jetstream.JetStream) *jetstream.ConsumerInfo {
+	t.Helper()
+	stream, err := js.Stream(ctx, "FABRIC_OPS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var infos []*jetstream.ConsumerInfo
+	for ci := range stream.ListConsumers(ctx).Info() {
+		infos = append(infos, ci)
+	}
+	if len(infos) != 1 {
+		t.Fatalf("%d consumers on FABRIC_OPS, want the feed's alone", len(infos))
+	}
+	return infos[0]
+}
+
+// expectOnly reads the session's next answer and checks it is tag's, with
+// value want: no answer given twice (a takeover would replay the frames)
+// and none to a frame that should not have run.
+func (r *rawSession) expectOnly(tag uint64, want float64) {
+	r.t.Helper()
+	res := r.result()
+	if res.Tag != tag || len(res.Errors) > 0 || res.Tensor == nil || res.Tensor.Values[0] != want {
+		r.t.Fatalf("got %+v, want tag %d with %v", res, tag, want)
+	}
+	if m, err := r.inbox.NextMsg(300 * time.Millisecond); err == nil {
+		r.t.Fatalf("an answer more: %s", m.Data)
+	}
+}
+
+// TestFeedRecreatesDeletedConsumer: the device's consumer is deleted (an
+// operator, or its server's restart); the feed creates the next one after
+// the last frame it ran. Nothing is run twice: no takeover, no replay.
+func TestFeedRecreatesDeletedConsumer(t *testing.T) {
+	b := brokertest.Run(t)
+	startWorker(t, b)
+	a := newRaw(t, b, "fabric.ops.cpu-0.alice")
+	a.sendJSON(`{"v":1,"ops":[{"op":"full","out":[1],"shape":[1],"value":7},{"op":"read","in":[1],"tag":1}]}`)
+	a.expectOnly(1, 7)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	first := feedConsumer(t, ctx, a.js).Name
+	if err := a.js.DeleteConsumer(ctx, "FABRIC_OPS", first); err != nil {
+		t.Fatal(err)
+	}
+	a.sendJSON(`{"v":1,"ops":[{"op":"add","in":[1,1],"out":[2]},{"op":"read","in":[2],"tag":2}]}`)
+	res := a.resultWithin(30 * time.Second)
+	if res.Tag != 2 || res.Tensor == nil || res.Tensor.Values[0] != 14 {
+		t.Fatalf("after the delete: %+v", res)
+	}
+	if m, err := a.inbox.NextMsg(300 * time.Millisecond); err == nil {
+		t.Fatalf("an answer more: %s", m.Data)
+	}
+	if next := feedConsumer(t, ctx, a.js).Name; next == first {
+		t.Fatalf("the consumer is still %s", next)
+	}
+}
+
+// TestFeedRefusesForgedDelivery: a message published on the feed's
+// deliver subject, posing as a delivery, is never run. (The server refuses
+// a client's publish whose reply is a JetStream acknowledgement subject, so
+// what can arrive there lacks a delivery's sequence numbers.) The feed
+// starts again after the last frame it ran, on a new consumer, and the
+// stream's frames run once each, in order.
+func TestFeedRefusesForgedDelivery(t *testing.T) {
+	b := brokertest.Run(t)
+	startWorker(t, b)
+	a := newRaw(t, b, "fabric.ops.cpu-0.alice")
+	a.sendJSON(`{"v":1,"ops":[{"op":"full","out":[1],"shape":[1],"value":7},{"op":"read","in":[1],"tag":1}]}`)
+	a.expectOnly(1, 7)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, reply := range []string{"not.an.ack.subject", ""} {
+		ci := feedConsumer(t, ctx, a.js)
+		m := nats.NewMsg(ci.Config.DeliverSubject)
+		m.Reply = reply
+		m.Header.Set(subjects.HeaderReply, a.inbox.Subject)
+		m.Header.Set(subjects.HeaderContentType, "application/json")
+		m.Data = []byte(`{"v":1,"ops":[{"op":"full","out":[9],"shape":[1],"value":99},{"op":"read","in":[9],"tag":99}]}`)
+		if err := a.nc.PublishMsg(m); err != nil {
+			t.Fatal(err)
+		}
+		// The frame waits in the stream while the feed changes consumers.
+		a.sendJSON(`{"v":1,"ops":[{"op":"add","in":[1,1],"out":[2]},{"op":"read","in":[2],"tag":2},{"op":"free","in":[2]}]}`)
+		a.expectOnly(2, 14)
+		if next := feedConsumer(t, ctx, a.js).Name; next == ci.Name {
+			t.Fatalf("reply %q: the consumer is still %s", reply, next)
+		}
 	}
 }
