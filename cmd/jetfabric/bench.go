@@ -137,7 +137,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fmt.Fprintf(stdout, "layout: %s; %s\n", rep.Layout, rep.Machine)
 	fmt.Fprintf(stdout, "tiny op + read round trip   p50 %8.1f us  p99 %8.1f us\n", rep.RoundTripP50us, rep.RoundTripP99us)
 	fmt.Fprintf(stdout, "raw NATS request/reply 64 B p50 %8.1f us  p99 %8.1f us   (ratio %.2fx)\n", rep.RawRequestP50us, rep.RawRequestP99us, rep.RoundTripRatio)
-	fmt.Fprintf(stdout, "JetStream floor 64 B         p50 %8.1f us  p99 %8.1f us   (%.2fx raw: stored, ordered consumer, answered; no jetfabric code)\n", rep.FloorP50us, rep.FloorP99us, rep.FloorRatio)
+	fmt.Fprintf(stdout, "JetStream floor 64 B         p50 %8.1f us  p99 %8.1f us   (%.2fx raw: stored, pushed by a consumer, answered; no jetfabric code)\n", rep.FloorP50us, rep.FloorP99us, rep.FloorRatio)
 	fmt.Fprintf(stdout, "pipelined ops, one session  %10.0f ops/s  (%d ops a frame, %d B frames)\n", rep.PipelinedOpsPerS, rep.OpsPerFrame, rep.FrameBytes)
 	fmt.Fprintf(stdout, "raw JetStream async publish %10.0f frames/s of %d B = %.0f ops/s\n", rep.RawPublishFramesS, rep.FrameBytes, rep.RawPublishOpsS)
 	if *upload > 0 {
@@ -312,11 +312,11 @@ func serveEcho(ctx context.Context, url string) error {
 }
 
 // serveFloor answers the JetStream floor's messages: a stream made like
-// FABRIC_OPS (file storage, discard new), read by an ordered consumer
-// pulling as the worker's does, each message answered on its Fabric-Reply
-// inbox with its own payload. Nothing of the fabric is in the path, so
-// its round trip is the least any JetStream-brokered op can take. stop
-// ends the consumer and waits for its goroutine.
+// FABRIC_OPS (file storage, discard new), read by a push consumer made as
+// the worker's feed makes its consumers, each message answered, on the
+// subscription's goroutine, on its Fabric-Reply inbox with its own
+// payload. Nothing of the fabric is in the path, so its round trip is the
+// least any JetStream-brokered op can take. stop ends the consumer.
 func serveFloor(ctx context.Context, nc *nats.Conn, names subjects.Names) (stop func(), err error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -333,31 +333,27 @@ func serveFloor(ctx context.Context, nc *nats.Conn, names subjects.Names) (stop 
 	if err != nil {
 		return nil, fmt.Errorf("floor stream: %w", err)
 	}
-	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverNewPolicy})
+	cons, err := st.CreateOrUpdatePushConsumer(ctx, jetstream.ConsumerConfig{
+		DeliverSubject:    nats.NewInbox(),
+		DeliverPolicy:     jetstream.DeliverNewPolicy,
+		AckPolicy:         jetstream.AckNonePolicy,
+		FlowControl:       true,
+		IdleHeartbeat:     time.Second,
+		InactiveThreshold: 30 * time.Second,
+		MemoryStorage:     true,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("floor consumer: %w", err)
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(256), jetstream.PullHeartbeat(time.Second))
-	if err != nil {
-		return nil, fmt.Errorf("floor consumer: %w", err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			m, err := it.Next()
-			if err != nil {
-				if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-					return
-				}
-				continue
-			}
-			if reply := m.Headers().Get(subjects.HeaderReply); reply != "" {
-				_ = nc.Publish(reply, m.Data())
-			}
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		if reply := m.Headers().Get(subjects.HeaderReply); reply != "" {
+			_ = nc.Publish(reply, m.Data())
 		}
-	}()
-	return func() { it.Stop(); <-done }, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("floor consumer: %w", err)
+	}
+	return cc.Stop, nil
 }
 
 func benchRun(ctx context.Context, url, device string, rounds, nops, uploadMiB int, dev *devBench, rep *benchReport, progress func(string, ...any)) error {
@@ -400,7 +396,7 @@ func benchRun(ctx context.Context, url, device string, rounds, nops, uploadMiB i
 	floorMsg.Data = payload
 	// One JetStream round trip: the message published as the client
 	// publishes a frame it waits on (no acknowledgement asked), stored,
-	// delivered by the ordered consumer and answered.
+	// pushed by the consumer and answered.
 	floorTrip := func(wait time.Duration) (time.Duration, error) {
 		t0 := time.Now()
 		if err := nc.PublishMsg(floorMsg); err != nil {
