@@ -300,10 +300,10 @@ func (d *device) run() (lost bool) {
 }
 
 // frame runs one frame from the feed, then keeps house.
-func (d *device) frame(msg jetstream.Msg) {
+func (d *device) frame(msg jetstream.Msg, md *jetstream.MsgMetadata) {
 	d.loop.Lock()
 	defer d.loop.Unlock()
-	d.handle(msg)
+	d.handle(msg, md)
 	d.housekeep(time.Now())
 }
 
@@ -364,27 +364,25 @@ func (d *device) evictIdle(now time.Time) {
 	d.sessionCount.Store(int64(len(d.sessions)))
 }
 
-// handle executes one frame. Nothing in it may panic on wire input.
-func (d *device) handle(msg jetstream.Msg) {
-	var seq uint64
-	if md, err := msg.Metadata(); err == nil {
-		seq = md.Sequence.Stream
-		d.m.pending.Store(md.NumPending)
-		if d.replay.first {
-			// Time the catch-up only when there are frames to catch up on.
-			d.replay.first = false
-			if md.NumPending > 0 {
-				d.replay.on, d.replay.start, d.replay.frames, d.replay.ops0 = true, time.Now(), 0, d.m.ops.Load()
-			}
-		}
-		if d.replay.on {
-			d.replay.frames++
-			if md.NumPending == 0 {
-				defer d.replayed()
-			}
+// handle executes one frame, delivered with md (the feed checked it).
+// Nothing in it may panic on wire input.
+func (d *device) handle(msg jetstream.Msg, md *jetstream.MsgMetadata) {
+	seq := md.Sequence.Stream
+	d.m.pending.Store(md.NumPending)
+	if d.replay.first {
+		// Time the catch-up only when there are frames to catch up on.
+		d.replay.first = false
+		if md.NumPending > 0 {
+			d.replay.on, d.replay.start, d.replay.frames, d.replay.ops0 = true, time.Now(), 0, d.m.ops.Load()
 		}
 	}
-	if seq != 0 && seq <= d.applied.Load() {
+	if d.replay.on {
+		d.replay.frames++
+		if md.NumPending == 0 {
+			defer d.replayed()
+		}
+	}
+	if seq <= d.applied.Load() {
 		return // already applied
 	}
 	defer d.applied.Store(seq)

@@ -31,7 +31,7 @@ type feed struct {
 	stream  string
 	filter  string
 	prefix  string // consumer names: prefix_serial
-	handler func(jetstream.Msg)
+	handler func(jetstream.Msg, *jetstream.MsgMetadata)
 	logf    func(string, ...any)
 
 	// deliver is held while a frame is handled, so that frames from an
@@ -60,7 +60,7 @@ const feedHeartbeat = time.Second
 // startFeed creates the first consumer, delivering the frames on filter
 // after stream sequence from (all of them when from is 0), and starts the
 // loop that re-creates it.
-func startFeed(ctx context.Context, js jetstream.JetStream, stream, filter, device string, from uint64, handler func(jetstream.Msg), logf func(string, ...any)) (*feed, error) {
+func startFeed(ctx context.Context, js jetstream.JetStream, stream, filter, device string, from uint64, handler func(jetstream.Msg, *jetstream.MsgMetadata), logf func(string, ...any)) (*feed, error) {
 	f := &feed{
 		js: js, device: device, stream: stream, filter: filter, handler: handler, logf: logf,
 		prefix: device + "_" + randomToken(),
@@ -131,7 +131,8 @@ func (f *feed) open(ctx context.Context) error {
 	return nil
 }
 
-// handle runs one frame of consumer serial if it is the next one.
+// handle runs one frame of consumer serial if it is the next one, handing
+// the handler its delivery metadata.
 func (f *feed) handle(serial int, m jetstream.Msg) {
 	md, err := m.Metadata()
 	f.deliver.Lock()
@@ -148,7 +149,7 @@ func (f *feed) handle(serial int, m jetstream.Msg) {
 	}
 	f.dseq, f.sseq = md.Sequence.Consumer, md.Sequence.Stream
 	f.mu.Unlock()
-	f.handler(m)
+	f.handler(m, md)
 }
 
 // renew asks for a new consumer in place of consumer serial, once.
