@@ -24,7 +24,10 @@ import (
 // frame to another goroutine and answers pull requests, which cost a round
 // trip 2 to 3 us in one process and 5 to 7 us across processes (see
 // BENCHMARKS.md). A long frame does not count as missing heartbeats: the
-// push subscription stops its heartbeat timer while the handler runs.
+// push subscription stops its heartbeat timer while the handler runs. Flow
+// control keeps what the server pushes ahead of the handler under 32 MiB
+// (and one frame), inside the subscription's 64 MiB pending limit; a frame
+// dropped past it would show as a gap and start a new consumer.
 type feed struct {
 	js      jetstream.JetStream
 	device  string
