@@ -29,6 +29,14 @@ func init() {
 // (a variable so that tests can make chunks small).
 var colElems = 1 << 20
 
+// minCols is the column matrix size below which a chunk takes several
+// samples, and minTasks the number of chunks it keeps at least, where
+// there are enough samples.
+const (
+	minCols  = 1 << 13
+	minTasks = 16
+)
+
 // maxPartials bounds the partial weight gradients summed at the end.
 const maxPartials = 16
 
@@ -54,8 +62,11 @@ func newConvPlan(g kernels.Window) *convPlan {
 	p.pointwise = g.KH == 1 && g.KW == 1 && g.SH == 1 && g.SW == 1 && g.PH == 0 && g.PW == 0
 	p.rows = max(1, colElems/max(1, p.r*g.OW))
 	if p.rows >= g.OH {
+		// One sample a chunk, whose outputs the products then write in
+		// place, unless samples are so small that the products would be
+		// tiny; but at least minTasks chunks where there are the samples.
 		p.rows = g.OH
-		p.samples = max(1, colElems/max(1, p.r*p.p))
+		p.samples = max(1, min(minCols/max(1, p.r*p.p), (g.N+minTasks-1)/minTasks))
 		p.perSample = 1
 	} else {
 		p.samples = 1
@@ -154,6 +165,23 @@ func scatterRow[T float](dst, src []T, s, off int) {
 	}
 	for q := lo; q < hi; q++ {
 		dst[q*s+off] += src[q]
+	}
+}
+
+// transposeBlock sets dst[c*ldd+r] = src[r*lds+c] for r < rows, c < cols, a
+// block at a time so that both sides stay in cache.
+func transposeBlock[T float](dst []T, ldd int, src []T, lds, rows, cols int) {
+	const bs = 16
+	for r0 := 0; r0 < rows; r0 += bs {
+		r1 := min(r0+bs, rows)
+		for c0 := 0; c0 < cols; c0 += bs {
+			c1 := min(c0+bs, cols)
+			for r := r0; r < r1; r++ {
+				for k, v := range src[r*lds+c0 : r*lds+c1] {
+					dst[(c0+k)*ldd+r] = v
+				}
+			}
+		}
 	}
 }
 
@@ -346,14 +374,9 @@ func conv2DWeightGrad[T float](p *convPlan, dw, x, dy []T) {
 				dyt := packBuf[T](ht, l*p.og)
 				for gi := range p.Groups {
 					im2col(p, col, x, c, gi)
-					for o := range p.og {
-						for n := c.n0; n < c.n1; n++ {
-							src := dy[(n*p.O+gi*p.og+o)*p.p+c.oh0*p.OW:][:seg]
-							base := (n - c.n0) * seg
-							for q, v := range src {
-								dyt[(base+q)*p.og+o] = v
-							}
-						}
+					for n := c.n0; n < c.n1; n++ {
+						src := dy[(n*p.O+gi*p.og)*p.p+c.oh0*p.OW:]
+						transposeBlock(dyt[(n-c.n0)*seg*p.og:], p.og, src, p.p, p.og, seg)
 					}
 					a := acc[gi*p.r*p.og : (gi+1)*p.r*p.og]
 					if first {
