@@ -168,17 +168,40 @@ func scatterRow[T float](dst, src []T, s, off int) {
 	}
 }
 
-// transposeBlock sets dst[c*ldd+r] = src[r*lds+c] for r < rows, c < cols, a
-// block at a time so that both sides stay in cache.
+// transposeBlock sets dst[c*ldd+r] = src[r*lds+c] for r < rows, c < cols,
+// four by four inside blocks that stay in cache.
 func transposeBlock[T float](dst []T, ldd int, src []T, lds, rows, cols int) {
-	const bs = 16
+	const bs = 32
 	for r0 := 0; r0 < rows; r0 += bs {
 		r1 := min(r0+bs, rows)
 		for c0 := 0; c0 < cols; c0 += bs {
 			c1 := min(c0+bs, cols)
-			for r := r0; r < r1; r++ {
-				for k, v := range src[r*lds+c0 : r*lds+c1] {
-					dst[(c0+k)*ldd+r] = v
+			r := r0
+			for ; r+4 <= r1; r += 4 {
+				s0 := src[r*lds : r*lds+c1]
+				s1 := src[(r+1)*lds : (r+1)*lds+c1]
+				s2 := src[(r+2)*lds : (r+2)*lds+c1]
+				s3 := src[(r+3)*lds : (r+3)*lds+c1]
+				c := c0
+				for ; c+4 <= c1; c += 4 {
+					a, b, e, f := s0[c:c+4:c+4], s1[c:c+4:c+4], s2[c:c+4:c+4], s3[c:c+4:c+4]
+					d0 := dst[c*ldd+r : c*ldd+r+4 : c*ldd+r+4]
+					d1 := dst[(c+1)*ldd+r : (c+1)*ldd+r+4 : (c+1)*ldd+r+4]
+					d2 := dst[(c+2)*ldd+r : (c+2)*ldd+r+4 : (c+2)*ldd+r+4]
+					d3 := dst[(c+3)*ldd+r : (c+3)*ldd+r+4 : (c+3)*ldd+r+4]
+					d0[0], d0[1], d0[2], d0[3] = a[0], b[0], e[0], f[0]
+					d1[0], d1[1], d1[2], d1[3] = a[1], b[1], e[1], f[1]
+					d2[0], d2[1], d2[2], d2[3] = a[2], b[2], e[2], f[2]
+					d3[0], d3[1], d3[2], d3[3] = a[3], b[3], e[3], f[3]
+				}
+				for ; c < c1; c++ {
+					d := dst[c*ldd+r : c*ldd+r+4 : c*ldd+r+4]
+					d[0], d[1], d[2], d[3] = s0[c], s1[c], s2[c], s3[c]
+				}
+			}
+			for ; r < r1; r++ {
+				for c, v := range src[r*lds+c0 : r*lds+c1] {
+					dst[(c0+c)*ldd+r] = v
 				}
 			}
 		}
