@@ -83,7 +83,7 @@ func runPool[T float](g *kernels.Window, name string, in, out []*kernels.Tensor)
 	hw, ohw := g.H*g.W, g.OH*g.OW
 	planes := g.N * g.C
 	f := func(lo, hi int) {
-		val, key, idx := make([]T, g.OW), make([]uint64, g.OW), make([]int32, g.OW)
+		val, key, idx := make([]T, g.OW), make([]uint64, g.OW), make([]int, g.OW)
 		for pl := lo; pl < hi; pl++ {
 			switch name {
 			case kernels.OpMaxPool2D:
@@ -148,7 +148,7 @@ func floatKey[T float](v T) uint64 {
 // walks the taps backwards, so that the last match it sees is the first,
 // and compares keys (see floatKey), so that its loop has no branch that
 // depends on the data but for NaN.
-func argmaxRow[T float](g *poolGeom, x []T, oh int, val []T, key []uint64, idx []int32) {
+func argmaxRow[T float](g *poolGeom, x []T, oh int, val []T, key []uint64, idx []int) {
 	ra := g.rows[oh]
 	for ow, v := range val {
 		idx[ow] = -1
@@ -163,7 +163,7 @@ func argmaxRow[T float](g *poolGeom, x []T, oh int, val []T, key []uint64, idx [
 			for ow := o0; ow < o1; ow, iw = ow+1, iw+g.SW {
 				k := idx[ow]
 				if floatKey(row[iw]) == key[ow] {
-					k = int32(off + iw)
+					k = off + iw
 				}
 				idx[ow] = k
 			}
@@ -177,7 +177,7 @@ func maxPool[T float](g *poolGeom, y, x []T) {
 	}
 }
 
-func maxPoolGrad[T float](g *poolGeom, dx, dy, x, val []T, key []uint64, idx []int32) {
+func maxPoolGrad[T float](g *poolGeom, dx, dy, x, val []T, key []uint64, idx []int) {
 	clear(dx)
 	for oh := range g.OH {
 		maxRow(g, x, oh, val)
