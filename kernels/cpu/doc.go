@@ -21,6 +21,11 @@
 // layer_norm and rms_norm compute each group in float64 and round once;
 // scatter_add adds in index order in the output dtype (float16 and
 // bfloat16 in float32), so repeated indices sum the same way every time.
+// The convolutions are matrix products over column matrices (im2col),
+// accumulating in the operands' dtype, cut into chunks that depend on the
+// shapes alone; the weight gradient adds its chunks' products in a fixed
+// order. avg_pool2d and cross_entropy accumulate in float64; the pooling
+// gradients add into each input plane in a fixed order.
 //
 // # Memory
 //
@@ -37,7 +42,9 @@
 // A Backend is used by one goroutine at a time, as kernels.Backend says.
 // Exec splits ops above about 32K elements across runtime.GOMAXPROCS
 // goroutines, which it starts and waits for; smaller ops run on the calling
-// goroutine and allocate nothing. The movement, indexing and normalisation
+// goroutine and allocate nothing. The convolutions run their chunks on
+// GOMAXPROCS goroutines, each with scratch column matrices of about 4 MiB
+// taken from a pool. The movement, indexing and normalisation
 // ops (kernels.Movement, Indexing, Norms) run on the calling goroutine and
 // allocate a little bookkeeping per call.
 package cpu

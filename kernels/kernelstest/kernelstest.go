@@ -38,9 +38,10 @@ const poison = 0xFF
 //
 // A backend may answer kernels.ErrNotImplemented for dtypes other than
 // float32, and for any dtype of the ops of kernels.Movement, Indexing,
-// Norms and Creation (which a caller can run elsewhere and move): those
-// cases are skipped and counted in the log, unless the option RequireAll
-// is given. float32 is otherwise always required.
+// Norms, Creation, Conv, Pools and Losses (which a caller can run
+// elsewhere and move): those cases are skipped and counted in the log,
+// unless the option RequireAll is given. float32 is otherwise always
+// required.
 func RunAll(t *testing.T, b kernels.Backend, opts ...Option) {
 	var o options
 	for _, opt := range opts {
