@@ -126,7 +126,8 @@ func gemm[T float](c, a, b []T, m, k, n int) {
 	}
 }
 
-// rowRange is the q in [0, n) for which 0 <= q*s+off < w.
+// rowRange is the q in [0, n) for which 0 <= q*s+off < w; lo == hi when
+// there is none.
 func rowRange(n, w, s, off int) (lo, hi int) {
 	if off < 0 {
 		lo = (-off + s - 1) / s
@@ -144,6 +145,9 @@ func gatherRow[T float](dst, src []T, s, off int) {
 	lo, hi := rowRange(len(dst), len(src), s, off)
 	clear(dst[:lo])
 	clear(dst[hi:])
+	if lo == hi {
+		return
+	}
 	if s == 1 {
 		copy(dst[lo:hi], src[lo+off:hi+off])
 		return
@@ -156,6 +160,9 @@ func gatherRow[T float](dst, src []T, s, off int) {
 // scatterRow adds src[q] to dst[q*s+off] where that is inside dst.
 func scatterRow[T float](dst, src []T, s, off int) {
 	lo, hi := rowRange(len(src), len(dst), s, off)
+	if lo == hi {
+		return
+	}
 	if s == 1 {
 		d := dst[lo+off : hi+off]
 		for q, v := range src[lo:hi] {

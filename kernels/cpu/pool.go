@@ -118,6 +118,9 @@ func maxRow[T float](g *poolGeom, x []T, oh int, val []T) {
 		for j := range g.KW {
 			// The outputs whose tap j is inside the input.
 			o0, o1 := rowRange(g.OW, g.W, g.SW, j*g.DW-g.PW)
+			if o0 == o1 {
+				continue
+			}
 			iw := o0*g.SW + j*g.DW - g.PW
 			if g.SW == 1 {
 				for ow, v := range row[iw : iw+o1-o0] {
@@ -197,7 +200,7 @@ func avgPool[T float](g *poolGeom, y, x []T) {
 	for oh, ra := range g.rows {
 		for ow, ca := range g.cols {
 			s := 0.0
-			for i := ra.lo; i < ra.hi; i++ {
+			for i := ra.lo; i < ra.hi && ca.lo < ca.hi; i++ {
 				row := x[(ra.base+i)*g.W:]
 				for _, v := range row[ca.base+ca.lo : ca.base+ca.hi] {
 					s += float64(v)
@@ -214,7 +217,7 @@ func avgPoolGrad[T float](g *poolGeom, dx, dy []T) {
 	for oh, ra := range g.rows {
 		for ow, ca := range g.cols {
 			d := T(float64(dy[oh*g.OW+ow]) / div)
-			for i := ra.lo; i < ra.hi; i++ {
+			for i := ra.lo; i < ra.hi && ca.lo < ca.hi; i++ {
 				row := dx[(ra.base+i)*g.W:]
 				seg := row[ca.base+ca.lo : ca.base+ca.hi]
 				for j := range seg {

@@ -2,6 +2,7 @@ package kernelstest
 
 import (
 	"math"
+	"slices"
 
 	"github.com/jetfabric/jetfabric/kernels"
 )
@@ -146,14 +147,17 @@ var nnShapeCases = []struct {
 	{kernels.Op{Name: kernels.OpCrossEntropyGrad, Reduce: kernels.ReduceSum}, []kernels.Meta{f32(4, 3), meta(kernels.Int32, 4), f32()}, []int{4, 3}},
 }
 
-// convCases are convolutions: input and weight shapes, attributes and
+// convCase is a convolution: input and weight shapes, attributes and
 // whether there is a bias.
-var convCases = []struct {
+type convCase struct {
 	x, w                      []int
 	stride, padding, dilation []int
 	groups                    int
 	bias                      bool
-}{
+}
+
+// convCases are fixed convolutions; randomConv adds others.
+var convCases = []convCase{
 	{[]int{2, 3, 7, 6}, []int{4, 3, 3, 2}, nil, nil, nil, 0, true},
 	{[]int{1, 4, 9, 8}, []int{6, 2, 3, 3}, []int{2, 3}, []int{1, 2}, []int{2, 1}, 2, true},
 	{[]int{3, 2, 5, 5}, []int{3, 2, 1, 1}, nil, nil, nil, 1, false},
@@ -166,6 +170,7 @@ var convCases = []struct {
 	{[]int{0, 2, 4, 4}, []int{3, 2, 3, 3}, nil, nil, nil, 1, true},
 	{[]int{1, 0, 4, 4}, []int{2, 0, 3, 3}, nil, nil, nil, 1, true},
 	{[]int{2, 2, 3, 3}, []int{0, 2, 3, 3}, nil, nil, nil, 1, false},
+	{[]int{1, 1, 6, 1}, []int{2, 1, 1, 3}, []int{2, 1}, []int{0, 2}, []int{1, 2}, 1, true}, // taps wholly in the padding
 }
 
 func (s *suite) conv(name string) {
@@ -173,7 +178,7 @@ func (s *suite) conv(name string) {
 		if !s.accepts(&kernels.Op{Name: kernels.OpConv2D}, meta(dt, 1, 1, 1, 1), meta(dt, 1, 1, 1, 1)) {
 			continue
 		}
-		for _, c := range convCases {
+		for _, c := range append(slices.Clone(convCases), s.randomConv(), s.randomConv(), s.randomConv()) {
 			op := &kernels.Op{Name: kernels.OpConv2D, Stride: c.stride, Padding: c.padding, Dilation: c.dilation, Groups: c.groups}
 			x, w := random(s.r, dt, c.x, distAny), random(s.r, dt, c.w, distAny)
 			ys := convTaps(op, c.x, c.w, func(int, int, int) {})
@@ -198,13 +203,16 @@ func (s *suite) conv(name string) {
 	}
 }
 
-// poolCases are poolings: input shape and attributes; maxOnly marks the
+// poolCase is a pooling: input shape and attributes; maxOnly marks the
 // attributes avg_pool2d refuses (dilation).
-var poolCases = []struct {
+type poolCase struct {
 	x                                 []int
 	kernel, stride, padding, dilation []int
 	maxOnly, sprinkle                 bool
-}{
+}
+
+// poolCases are fixed poolings; randomPool adds others.
+var poolCases = []poolCase{
 	{[]int{2, 3, 6, 6}, []int{2, 2}, nil, nil, nil, false, false},
 	{[]int{1, 2, 7, 5}, []int{3, 3}, []int{1, 1}, []int{1, 1}, nil, false, true},
 	{[]int{2, 2, 9, 8}, []int{3, 2}, []int{2, 1}, []int{1, 1}, []int{2, 1}, true, false},
@@ -222,7 +230,7 @@ func (s *suite) pool(name string) {
 		if !s.accepts(&kernels.Op{Name: kernels.OpMaxPool2D, Kernel: []int{1, 1}}, meta(dt, 1, 1, 1, 1)) {
 			continue
 		}
-		for _, c := range poolCases {
+		for _, c := range append(slices.Clone(poolCases), s.randomPool(isMax), s.randomPool(isMax), s.randomPool(isMax)) {
 			if c.maxOnly && !isMax {
 				continue
 			}
@@ -355,4 +363,43 @@ func nnExecErrors(s *suite) {
 			s.t.Errorf("%s: Exec(%s) succeeded, want an error", c.name, opString(&c.op))
 		}
 	}
+}
+
+// randomConv draws a small convolution: 1 or 2 groups, strides,
+// paddings and dilations of 1 or 2, kernels of 1 to 3, inputs large
+// enough for an output of 1 to 4 rows and columns.
+func (s *suite) randomConv() convCase {
+	r := s.r
+	g := 1 + r.IntN(2)
+	c := convCase{groups: g, bias: r.IntN(2) == 0}
+	kh, kw := 1+r.IntN(3), 1+r.IntN(3)
+	c.w = []int{g * (1 + r.IntN(3)), 1 + r.IntN(3), kh, kw}
+	c.stride = []int{1 + r.IntN(2), 1 + r.IntN(2)}
+	c.dilation = []int{1 + r.IntN(2), 1 + r.IntN(2)}
+	c.padding = []int{r.IntN(3), r.IntN(3)}
+	size := func(k, s, p, d int) int {
+		return max(1, d*(k-1)+1-2*p+s*r.IntN(4)+r.IntN(s))
+	}
+	c.x = []int{1 + r.IntN(3), g * c.w[1], size(kh, c.stride[0], c.padding[0], c.dilation[0]),
+		size(kw, c.stride[1], c.padding[1], c.dilation[1])}
+	return c
+}
+
+// randomPool draws a small pooling: windows of 1 to 3, strides of 1 to 3,
+// paddings up to half the window, dilations of 1 or 2 for max pools.
+func (s *suite) randomPool(isMax bool) poolCase {
+	r := s.r
+	c := poolCase{kernel: []int{1 + r.IntN(3), 1 + r.IntN(3)}, maxOnly: isMax, sprinkle: r.IntN(2) == 0}
+	c.stride = []int{1 + r.IntN(3), 1 + r.IntN(3)}
+	c.padding = []int{r.IntN(c.kernel[0]/2 + 1), r.IntN(c.kernel[1]/2 + 1)}
+	c.dilation = []int{1, 1}
+	if isMax {
+		c.dilation = []int{1 + r.IntN(2), 1 + r.IntN(2)}
+	}
+	size := func(a int) int {
+		k, s, p, d := c.kernel[a], c.stride[a], c.padding[a], c.dilation[a]
+		return max(1, d*(k-1)+1-2*p+s*r.IntN(4)+r.IntN(s))
+	}
+	c.x = []int{1 + r.IntN(3), 1 + r.IntN(3), size(0), size(1)}
+	return c
 }
