@@ -269,3 +269,68 @@ func BenchmarkTransfer(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkConv2D: the second convolution of the MNIST CNN at batch 128,
+// x[128,32,26,26] * w[64,32,3,3] -> y[128,64,24,24], forward and both
+// gradients, in float32 (with and without TF32) and float64, then its
+// 2x2 max pool and the pool's gradient. TFLOP/s counts
+// 2*N*O*OH*OW*C*KH*KW per convolution.
+func BenchmarkConv2D(b *testing.B) {
+	const n, c, h, o, k = 128, 32, 26, 64, 3
+	const oh = h - k + 1
+	flops := float64(2 * n * o * oh * oh * c * k * k)
+	plain := newBackend(b)
+	tf32 := newBackend(b, WithTF32(true))
+	for _, v := range []struct {
+		name string
+		be   *Backend
+		dt   kernels.DType
+	}{
+		{"f32", plain, kernels.Float32},
+		{"tf32", tf32, kernels.Float32},
+		{"f64", plain, kernels.Float64},
+	} {
+		x := empty(b, v.be, v.dt, n, c, h, h)
+		w := empty(b, v.be, v.dt, o, c, k, k)
+		bias := empty(b, v.be, v.dt, o)
+		y := empty(b, v.be, v.dt, n, o, oh, oh)
+		dy := empty(b, v.be, v.dt, n, o, oh, oh)
+		dx := empty(b, v.be, v.dt, n, c, h, h)
+		dw := empty(b, v.be, v.dt, o, c, k, k)
+		for i, t := range []*kernels.Tensor{x, w, bias, dy} {
+			fill(b, v.be, t, uint64(10+i))
+		}
+		for _, r := range []struct {
+			name    string
+			op      kernels.Op
+			in, out []*kernels.Tensor
+		}{
+			{"fwd", kernels.Op{Name: kernels.OpConv2D}, []*kernels.Tensor{x, w}, []*kernels.Tensor{y}},
+			{"fwd+bias", kernels.Op{Name: kernels.OpConv2D}, []*kernels.Tensor{x, w, bias}, []*kernels.Tensor{y}},
+			{"dx", kernels.Op{Name: kernels.OpConv2DInputGrad, Shape: x.Shape}, []*kernels.Tensor{dy, w}, []*kernels.Tensor{dx}},
+			{"dw", kernels.Op{Name: kernels.OpConv2DWeightGrad, Shape: w.Shape}, []*kernels.Tensor{x, dy}, []*kernels.Tensor{dw}},
+		} {
+			b.Run(v.name+"/"+r.name, func(b *testing.B) {
+				ms := deviceTime(b, v.be, elementwiseReps, func() error { return v.be.Exec(&r.op, r.in, r.out) })
+				b.ReportMetric(flops/(ms*1e-3)/1e12, "TFLOP/s")
+				b.ReportMetric(ms, "ms/op")
+			})
+		}
+		if v.name != "f32" {
+			continue
+		}
+		p := empty(b, v.be, v.dt, n, o, oh/2, oh/2)
+		pool := kernels.Op{Name: kernels.OpMaxPool2D, Kernel: []int{2, 2}}
+		poolGrad := kernels.Op{Name: kernels.OpMaxPool2DGrad, Kernel: []int{2, 2}}
+		b.Run("f32/maxpool", func(b *testing.B) {
+			ms := deviceTime(b, v.be, elementwiseReps, func() error { return v.be.Exec(&pool, []*kernels.Tensor{y}, []*kernels.Tensor{p}) })
+			b.ReportMetric(ms, "ms/op")
+		})
+		b.Run("f32/maxpool-grad", func(b *testing.B) {
+			ms := deviceTime(b, v.be, elementwiseReps, func() error {
+				return v.be.Exec(&poolGrad, []*kernels.Tensor{p, y}, []*kernels.Tensor{dy})
+			})
+			b.ReportMetric(ms, "ms/op")
+		})
+	}
+}
