@@ -46,7 +46,7 @@ func gridLoop(b *strings.Builder) {
 // pools).
 type geom struct {
 	C, H, W, KH, KW, OH, OW, SH, SW, PH, PW, DH, DW int
-	nc                                               int
+	nc                                              int
 }
 
 func newGeom(g *kernels.Window, nc int) geom {
