@@ -316,6 +316,37 @@ func BenchmarkConv2D(b *testing.B) {
 				b.ReportMetric(ms, "ms/op")
 			})
 		}
+		if v.name == "f64" {
+			continue
+		}
+		// The forward's parts: the im2col matrix, and the GEMMs on it.
+		g, err := kernels.ConvWindow(&kernels.Op{Name: kernels.OpConv2D}, x.Shape, w.Shape)
+		if err != nil {
+			b.Fatal(err)
+		}
+		col := empty(b, v.be, v.dt, c*k*k, n, oh*oh)
+		colB, xB, wB, yB := col.Buf.(*buffer), x.Buf.(*buffer), w.Buf.(*buffer), y.Buf.(*buffer)
+		b.Run(v.name+"/fwd-im2col", func(b *testing.B) {
+			ms := deviceTime(b, v.be, elementwiseReps, func() error {
+				return v.be.do(func() error { return v.be.im2col(&g, 4, colB.ptr, xB.ptr, n) })
+			})
+			b.ReportMetric(float64(4*c*k*k*n*oh*oh)/(ms*1e-3)/1e9, "GB/s")
+			b.ReportMetric(ms, "ms/op")
+		})
+		b.Run(v.name+"/fwd-gemm", func(b *testing.B) {
+			ms := deviceTime(b, v.be, elementwiseReps, func() error {
+				return v.be.do(func() error {
+					h, data, compute, err := v.be.convBLAS(kernels.OpConv2D, kernels.Float32)
+					if err != nil {
+						return err
+					}
+					return gemm(h, &gemmArgs{m: oh * oh, n: o, k: c * k * k, a: colB.ptr, lda: n * oh * oh, sa: oh * oh,
+						b: wB.ptr, ldb: c * k * k, c: yB.ptr, ldc: oh * oh, sc: o * oh * oh, count: n, dtype: data, compute: compute})
+				})
+			})
+			b.ReportMetric(flops/(ms*1e-3)/1e12, "TFLOP/s")
+			b.ReportMetric(ms, "ms/op")
+		})
 		if v.name != "f32" {
 			continue
 		}

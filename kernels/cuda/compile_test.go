@@ -201,6 +201,7 @@ func TestCompileNN(t *testing.T) {
 		for _, size := range []int{2, 4, 8} {
 			s := im2colSpec{size: size, idx64: wide, g: g}
 			srcs[s.key()] = s.source()
+			srcs[rowsSpec{size}.key()] = rowsSpec{size}.source()
 		}
 		for _, dt := range []kernels.DType{kernels.Float32, kernels.Float64, kernels.Float16, kernels.BFloat16} {
 			for _, s := range []interface {
@@ -209,7 +210,7 @@ func TestCompileNN(t *testing.T) {
 			}{
 				col2imSpec{dt, wide, g}, biasSpec{dt, wide},
 				poolSpec{dt, false, wide, g}, poolSpec{dt, true, wide, g},
-				poolGradSpec{dt, false, wide, g}, poolGradSpec{dt, true, wide, g},
+				poolGradSpec{dt, false, wide, g}, poolGradSpec{dt, true, wide, g}, poolScatterSpec{dt, wide, g},
 				ceFinalSpec{dt, wide},
 			} {
 				srcs[s.key()] = s.source()

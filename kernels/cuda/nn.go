@@ -85,6 +85,9 @@ func convChunk(g *kernels.Window, es int) int {
 	return max(1, min(g.N, maxIm2col/per))
 }
 
+// rowGrid is the grid of a kernel that gives each block a row at a time.
+func rowGrid(rows int) [3]uint32 { return [3]uint32{uint32(max(1, min(rows, 1<<20))), 1, 1} }
+
 // im2col queues the im2col matrix of nc images starting at x.
 func (b *Backend) im2col(g *kernels.Window, es int, col, x uint64, nc int) error {
 	total := g.C * g.KH * g.KW * nc * g.OH * g.OW
@@ -99,8 +102,7 @@ func (b *Backend) im2col(g *kernels.Window, es int, col, x uint64, nc int) error
 	var a kargs
 	a.ptr(col)
 	a.ptr(x)
-	a.idx(total, s.idx64)
-	return launch(f, b.launchGrid(total), blockSize, b.stream, &a)
+	return launch(f, rowGrid(g.C*g.KH*g.KW*nc), blockSize, b.stream, &a)
 }
 
 // conv2d queues y = conv2d(x, w) (+ bias): per chunk of images, the
@@ -151,8 +153,7 @@ func (b *Backend) conv2d(op *kernels.Op, inM []kernels.Meta, y kernels.Meta, inB
 	if len(inB) < 3 {
 		return nil
 	}
-	n := y.Numel()
-	s := biasSpec{dt: dt, idx64: n > idx32Max}
+	s := biasSpec{dt: dt, idx64: y.Numel() > idx32Max}
 	f, err := b.function(s.key(), func() (string, error) { return s.source(), nil })
 	if err != nil {
 		return err
@@ -160,10 +161,10 @@ func (b *Backend) conv2d(op *kernels.Op, inM []kernels.Meta, y kernels.Meta, inB
 	var a kargs
 	a.ptr(out.ptr)
 	a.ptr(inB[2].ptr)
-	a.idx(n, s.idx64)
+	a.idx(g.N*g.O, s.idx64)
 	a.idx(P, s.idx64)
 	a.idx(g.O, s.idx64)
-	return launch(f, b.launchGrid(n), blockSize, b.stream, &a)
+	return launch(f, rowGrid(g.N*g.O), blockSize, b.stream, &a)
 }
 
 // conv2dInputGrad queues dx = conv2d_input_grad(dy, w): per chunk of
@@ -254,12 +255,24 @@ func (b *Backend) conv2dWeightGrad(op *kernels.Op, inM []kernels.Meta, dw kernel
 		return err
 	}
 	defer b.free(dyp)
+	rs := rowsSpec{size: es}
+	rf, err := b.function(rs.key(), func() (string, error) { return rs.source(), nil })
+	if err != nil {
+		return err
+	}
 	for n0 := 0; n0 < g.N; n0 += nc {
 		m := min(nc, g.N-n0)
 		if err := b.im2col(&g, es, col.ptr, inB[0].ptr+uint64(n0*g.C*g.H*g.W*es), m); err != nil {
 			return err
 		}
-		if err := b.move(es, dyp.ptr, 0, []int{P, m * P, 1}, inB[1].ptr, n0*g.O*P, []int{g.O * P, P, 1}, []int{m, g.O, P}); err != nil {
+		var a kargs
+		a.ptr(dyp.ptr)
+		a.ptr(inB[1].ptr + uint64(n0*g.O*P*es))
+		a.i64(m * g.O)
+		a.i64(g.O)
+		a.i64(m)
+		a.i64(P)
+		if err := launch(rf, rowGrid(m*g.O), blockSize, b.stream, &a); err != nil {
 			return err
 		}
 		for gi := range g.Groups {
@@ -301,7 +314,9 @@ func (b *Backend) pool(op *kernels.Op, inM []kernels.Meta, y kernels.Meta, inB [
 	return launch(f, b.launchGrid(total), blockSize, b.stream, &a)
 }
 
-// poolGrad queues max_pool2d_grad(dy, x) or avg_pool2d_grad(dy).
+// poolGrad queues max_pool2d_grad(dy, x) or avg_pool2d_grad(dy). A max
+// pool whose windows do not overlap takes one thread per window instead
+// of one per input element.
 func (b *Backend) poolGrad(op *kernels.Op, inM []kernels.Meta, dx kernels.Meta, inB []*buffer, out *buffer) error {
 	g, err := kernels.PoolWindow(op, dx.Shape)
 	if err != nil {
@@ -312,21 +327,41 @@ func (b *Backend) poolGrad(op *kernels.Op, inM []kernels.Meta, dx kernels.Meta, 
 		return nil
 	}
 	isMax := op.Name == kernels.OpMaxPool2DGrad
-	s := poolGradSpec{dt: dx.DType, max: isMax, idx64: total > idx32Max || inM[0].Numel() > idx32Max, g: newGeom(&g, 0)}
-	f, err := b.function(s.key(), func() (string, error) { return s.source(), nil })
+	idx64 := total > idx32Max || inM[0].Numel() > idx32Max
+	var key string
+	var gen func() string
+	var x uint64
+	n := total
+	switch {
+	case isMax && g.SH > (g.KH-1)*g.DH && g.SW > (g.KW-1)*g.DW:
+		tiled := g.DH == 1 && g.DW == 1 && g.SH == g.KH && g.SW == g.KW && g.PH == 0 && g.PW == 0 && g.OH*g.SH == g.H && g.OW*g.SW == g.W
+		if !tiled {
+			if err := memsetD8(out.ptr, 0, dx.Bytes(), b.stream); err != nil {
+				return err
+			}
+		}
+		s := poolScatterSpec{dt: dx.DType, idx64: idx64, g: newGeom(&g, 0)}
+		key, gen, x, n = s.key(), s.source, inB[1].ptr, inM[0].Numel()
+	case isMax:
+		s := poolGradSpec{dt: dx.DType, max: true, idx64: idx64, g: newGeom(&g, 0)}
+		key, gen, x = s.key(), s.source, inB[1].ptr
+	default:
+		s := poolGradSpec{dt: dx.DType, idx64: idx64, g: newGeom(&g, 0)}
+		key, gen = s.key(), s.source
+	}
+	if n == 0 {
+		return nil
+	}
+	f, err := b.function(key, func() (string, error) { return gen(), nil })
 	if err != nil {
 		return err
-	}
-	var x uint64
-	if isMax {
-		x = inB[1].ptr
 	}
 	var a kargs
 	a.ptr(out.ptr)
 	a.ptr(inB[0].ptr)
 	a.ptr(x)
-	a.idx(total, s.idx64)
-	return launch(f, b.launchGrid(total), blockSize, b.stream, &a)
+	a.idx(n, idx64)
+	return launch(f, b.launchGrid(n), blockSize, b.stream, &a)
 }
 
 // crossEntropy queues cross_entropy or cross_entropy_grad and waits for

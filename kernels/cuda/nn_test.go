@@ -138,6 +138,7 @@ func nnCases() []nnCase {
 			{name: name + "/grad", op: gr, shapes: gs, ties: ties},
 		}
 	}
+	cs = append(cs, pool("maxtiled", []int{2, 3, 8, 6}, kernels.Op{Name: kernels.OpMaxPool2D, Kernel: []int{2, 3}}, true, false)...)
 	cs = append(cs, pool("max2", []int{3, 4, 8, 9}, kernels.Op{Name: kernels.OpMaxPool2D, Kernel: []int{2, 2}}, true, false)...)
 	cs = append(cs, pool("maxoverlap", []int{2, 3, 9, 8}, kernels.Op{Name: kernels.OpMaxPool2D, Kernel: []int{3, 2}, Stride: []int{1, 2}, Padding: []int{1, 1}, Dilation: []int{2, 1}}, true, false)...)
 	cs = append(cs, pool("maxnan", []int{2, 2, 6, 6}, kernels.Op{Name: kernels.OpMaxPool2D, Kernel: []int{3, 3}, Stride: []int{1, 1}}, false, true)...)
@@ -272,6 +273,43 @@ func TestCrossEntropyTargetOutOfRange(t *testing.T) {
 			if _, _, err := execBytes(t, be, &op, ins); !errors.Is(err, kernels.ErrIndex) {
 				t.Errorf("%s with target %v: %v, want ErrIndex", op.Name, tv, err)
 			}
+		}
+	}
+}
+
+// TestConvDeterministic: at the MNIST CNN's sizes, where cuBLAS picks
+// split and batched kernels, two runs of each convolution give the same
+// bits.
+func TestConvDeterministic(t *testing.T) {
+	be := newBackend(t)
+	r := rand.New(rand.NewPCG(3, 4))
+	x, w, dy := []int{128, 32, 26, 26}, []int{64, 32, 3, 3}, []int{128, 64, 24, 24}
+	in := func(shapes ...[]int) []nnInput {
+		var l []nnInput
+		for _, s := range shapes {
+			l = append(l, nnInput{kernels.Float32, s, nnRandom(r, kernels.Numel(s), false)})
+		}
+		return l
+	}
+	for _, c := range []struct {
+		op  kernels.Op
+		ins []nnInput
+	}{
+		{kernels.Op{Name: kernels.OpConv2D}, in(x, w, []int{64})},
+		{kernels.Op{Name: kernels.OpConv2DInputGrad, Shape: x}, in(dy, w)},
+		{kernels.Op{Name: kernels.OpConv2DWeightGrad, Shape: w}, in(x, dy)},
+		{kernels.Op{Name: kernels.OpMaxPool2DGrad, Kernel: []int{2, 2}}, in([]int{128, 64, 12, 12}, dy)},
+	} {
+		a, _, err := execBytes(t, be, &c.op, c.ins)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _, err := execBytes(t, be, &c.op, c.ins)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(a, b) {
+			t.Errorf("%s: two runs differ", c.op.Name)
 		}
 	}
 }

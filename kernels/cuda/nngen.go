@@ -66,8 +66,9 @@ func (g geom) consts(b *strings.Builder) {
 	b.WriteString("\t(void)C; (void)H; (void)W; (void)KH; (void)KW; (void)OH; (void)OW; (void)sh; (void)sw; (void)ph; (void)pw; (void)dh; (void)dw; (void)nc; (void)P; (void)NP;\n")
 }
 
-// im2colSpec writes the im2col matrix of nc images, element by element
-// (one thread per element, moving bytes: any dtype of the size).
+// im2colSpec writes the im2col matrix of nc images: one block per row
+// (c, kh, kw, image) at a time, its threads along the row (moving bytes:
+// any dtype of the size).
 type im2colSpec struct {
 	size  int
 	idx64 bool
@@ -76,23 +77,51 @@ type im2colSpec struct {
 
 func (s im2colSpec) key() string { return fmt.Sprintf("im2col|%d|%v|%v", s.size, s.idx64, s.g) }
 
-// source: parameters (col, x, total), total = C*KH*KW*nc*P.
+// source: parameters (col, x).
 func (s im2colSpec) source() string {
 	var b strings.Builder
 	t := elemType(s.size)
-	nnHead(&b, s.idx64, []string{t + "* __restrict__ col", "const " + t + "* __restrict__ x", "idx_t total"})
+	nnHead(&b, s.idx64, []string{t + "* __restrict__ col", "const " + t + "* __restrict__ x"})
 	s.g.consts(&b)
-	gridLoop(&b)
-	b.WriteString(`		idx_t q = i / P;
-		const idx_t p = i - q * P;
-		const idx_t n = q % nc; q /= nc;
-		const idx_t kw = q % KW; q /= KW;
-		const idx_t kh = q % KH;
+	fmt.Fprintf(&b, `	const idx_t rows = C * KH * KW * nc;
+	for (idx_t r = blockIdx.x; r < rows; r += gridDim.x) {
+		const idx_t n = r %% nc;
+		idx_t q = r / nc;
+		const idx_t kw = q %% KW; q /= KW;
+		const idx_t kh = q %% KH;
 		const idx_t c = q / KH;
-		const idx_t oh = p / OW, ow = p - oh * OW;
-		const idx_t h = oh * sh - ph + kh * dh, w = ow * sw - pw + kw * dw;
-`)
-	fmt.Fprintf(&b, "\t\tcol[i] = (h >= 0 && h < H && w >= 0 && w < W) ? x[((n * C + c) * H + h) * W + w] : (%s)0;\n\t}\n}\n", t)
+		const %[1]s* xp = x + (n * C + c) * H * W;
+		%[1]s* cp = col + r * P;
+		for (idx_t p = threadIdx.x; p < P; p += %[2]d) {
+			const idx_t oh = p / OW, ow = p - oh * OW;
+			const idx_t h = oh * sh - ph + kh * dh, w = ow * sw - pw + kw * dw;
+			cp[p] = (h >= 0 && h < H && w >= 0 && w < W) ? xp[h * W + w] : (%[1]s)0;
+		}
+	}
+}
+`, t, blockSize)
+	return b.String()
+}
+
+// rowsSpec moves dy[n][o][p] of m images to [o][n][p]: one block per row
+// of P elements at a time.
+type rowsSpec struct{ size int }
+
+func (s rowsSpec) key() string { return fmt.Sprintf("rows|%d", s.size) }
+
+// source: parameters (dst, src, rows, O, m, P), rows = m*O.
+func (s rowsSpec) source() string {
+	var b strings.Builder
+	t := elemType(s.size)
+	nnHead(&b, true, []string{t + "* __restrict__ dst", "const " + t + "* __restrict__ src", "i64 rows", "i64 O", "i64 m", "i64 P"})
+	fmt.Fprintf(&b, `	for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+		const i64 n = r / O, o = r - n * O;
+		const %[1]s* s = src + r * P;
+		%[1]s* d = dst + (o * m + n) * P;
+		for (i64 p = threadIdx.x; p < P; p += %[2]d) d[p] = s[p];
+	}
+}
+`, t, blockSize)
 	return b.String()
 }
 
@@ -151,7 +180,8 @@ func (s col2imSpec) source() string {
 	return b.String()
 }
 
-// biasSpec adds bias[o] to every element of channel o of y[N, O, P].
+// biasSpec adds bias[o] to every element of channel o of y[N, O, P]: one
+// block per row (n, o) at a time.
 type biasSpec struct {
 	dt    kernels.DType
 	idx64 bool
@@ -159,14 +189,17 @@ type biasSpec struct {
 
 func (s biasSpec) key() string { return fmt.Sprintf("bias|%v|%v", s.dt, s.idx64) }
 
-// source: parameters (y, bias, total, P, O).
+// source: parameters (y, bias, rows, P, O), rows = N*O.
 func (s biasSpec) source() string {
 	var b strings.Builder
 	st, ct := cStore(s.dt), cCompute(s.dt)
-	nnHead(&b, s.idx64, []string{st + "* __restrict__ y", "const " + st + "* __restrict__ bias", "idx_t total", "idx_t P", "idx_t O"})
-	gridLoop(&b)
-	fmt.Fprintf(&b, "\t\tconst %s v = (%s)%s + (%s)%s;\n", ct, ct, cLoad(s.dt, "y[i]"), ct, cLoad(s.dt, "bias[(i / P) % O]"))
-	fmt.Fprintf(&b, "\t\ty[i] = %s;\n\t}\n}\n", cStoreConv(s.dt, "v"))
+	nnHead(&b, s.idx64, []string{st + "* __restrict__ y", "const " + st + "* __restrict__ bias", "idx_t rows", "idx_t P", "idx_t O"})
+	fmt.Fprintf(&b, "\tfor (idx_t r = blockIdx.x; r < rows; r += gridDim.x) {\n")
+	fmt.Fprintf(&b, "\t\tconst %s bv = (%s)%s;\n", ct, ct, cLoad(s.dt, "bias[r % O]"))
+	fmt.Fprintf(&b, "\t\t%s* yp = y + r * P;\n", st)
+	fmt.Fprintf(&b, "\t\tfor (idx_t p = threadIdx.x; p < P; p += %d) {\n", blockSize)
+	fmt.Fprintf(&b, "\t\t\tconst %s v = (%s)%s + bv;\n", ct, ct, cLoad(s.dt, "yp[p]"))
+	fmt.Fprintf(&b, "\t\t\typ[p] = %s;\n\t\t}\n\t}\n}\n", cStoreConv(s.dt, "v"))
 	return b.String()
 }
 
@@ -298,6 +331,63 @@ func (s poolGradSpec) source() string {
 		fmt.Fprintf(&b, "\t\tdx[i] = %s;\n", cStoreConv(s.dt, cFromDouble(s.dt, "a / (double)(KH * KW)")))
 	}
 	b.WriteString("\t}\n}\n")
+	return b.String()
+}
+
+// poolScatterSpec is max_pool2d_grad where no two windows share an
+// element: one thread per window writes dy to the window's first maximum
+// and zero to its other elements, as the gather would (0 + dy, so that
+// -0 becomes +0). Elements outside every window are zeroed before.
+type poolScatterSpec struct {
+	dt    kernels.DType
+	idx64 bool
+	g     geom
+}
+
+func (s poolScatterSpec) key() string {
+	return fmt.Sprintf("poolscatter|%v|%v|%v", s.dt, s.idx64, s.g)
+}
+
+// source: parameters (dx, dy, x, total), total = N*C*OH*OW.
+func (s poolScatterSpec) source() string {
+	var b strings.Builder
+	st, ct, acc := cStore(s.dt), cCompute(s.dt), nnAcc(s.dt)
+	nnHead(&b, s.idx64, []string{st + "* __restrict__ dx", "const " + st + "* __restrict__ dy", "const " + st + "* __restrict__ x", "idx_t total"})
+	s.g.consts(&b)
+	gridLoop(&b)
+	fmt.Fprintf(&b, `		idx_t q = i / OW;
+		const idx_t ow = i - q * OW;
+		const idx_t oh = q %% OH;
+		const idx_t nc = q / OH;
+		const %[1]s* xp = x + nc * H * W;
+		%[1]s* dxp = dx + nc * H * W;
+		const idx_t h0 = oh * sh - ph, w0 = ow * sw - pw;
+		%[2]s best = 0;
+		bool found = false;
+		idx_t at = -1;
+		for (idx_t kh = 0; kh < KH; kh++) {
+			const idx_t h = h0 + kh * dh;
+			if (h < 0 || h >= H) continue;
+			for (idx_t kw = 0; kw < KW; kw++) {
+				const idx_t w = w0 + kw * dw;
+				if (w < 0 || w >= W) continue;
+				const %[2]s v = %[3]s;
+				if %[4]s { best = v; found = true; at = h * W + w; }
+			}
+		}
+		const %[5]s g = (%[5]s)0 + (%[5]s)%[6]s;
+		for (idx_t kh = 0; kh < KH; kh++) {
+			const idx_t h = h0 + kh * dh;
+			if (h < 0 || h >= H) continue;
+			for (idx_t kw = 0; kw < KW; kw++) {
+				const idx_t w = w0 + kw * dw;
+				if (w < 0 || w >= W) continue;
+				dxp[h * W + w] = h * W + w == at ? %[7]s : (%[1]s)0;
+			}
+		}
+	}
+}
+`, st, ct, cLoad(s.dt, "xp[h * W + w]"), maxBetter, acc, cLoad(s.dt, "dy[i]"), cStoreConv(s.dt, "g"))
 	return b.String()
 }
 
