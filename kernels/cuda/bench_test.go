@@ -3,6 +3,7 @@
 package cuda
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/jetfabric/jetfabric/kernels"
@@ -315,6 +316,20 @@ func BenchmarkConv2D(b *testing.B) {
 				b.ReportMetric(flops/(ms*1e-3)/1e12, "TFLOP/s")
 				b.ReportMetric(ms, "ms/op")
 			})
+			if v.name == "f64" || r.name == "fwd+bias" {
+				continue
+			}
+			// Smaller chunks of images keep the im2col matrix in L2.
+			for _, mib := range []int{32, 8} {
+				b.Run(fmt.Sprintf("%s/%s-chunk%dMiB", v.name, r.name, mib), func(b *testing.B) {
+					old := maxIm2col
+					maxIm2col = mib << 20
+					defer func() { maxIm2col = old }()
+					ms := deviceTime(b, v.be, elementwiseReps, func() error { return v.be.Exec(&r.op, r.in, r.out) })
+					b.ReportMetric(flops/(ms*1e-3)/1e12, "TFLOP/s")
+					b.ReportMetric(ms, "ms/op")
+				})
+			}
 		}
 		if v.name == "f64" {
 			continue
@@ -361,6 +376,38 @@ func BenchmarkConv2D(b *testing.B) {
 			ms := deviceTime(b, v.be, elementwiseReps, func() error {
 				return v.be.Exec(&poolGrad, []*kernels.Tensor{p, y}, []*kernels.Tensor{dy})
 			})
+			b.ReportMetric(ms, "ms/op")
+		})
+	}
+}
+
+// BenchmarkConv2DFirst: the first convolution of the MNIST CNN at batch
+// 128, x[128,1,28,28] * w[32,1,3,3] -> y[128,32,26,26], forward and the
+// weight gradient in float32.
+func BenchmarkConv2DFirst(b *testing.B) {
+	const n, h, o, k = 128, 28, 32, 3
+	const oh = h - k + 1
+	flops := float64(2 * n * o * oh * oh * k * k)
+	be := newBackend(b)
+	x := empty(b, be, kernels.Float32, n, 1, h, h)
+	w := empty(b, be, kernels.Float32, o, 1, k, k)
+	y := empty(b, be, kernels.Float32, n, o, oh, oh)
+	dy := empty(b, be, kernels.Float32, n, o, oh, oh)
+	dw := empty(b, be, kernels.Float32, o, 1, k, k)
+	for i, t := range []*kernels.Tensor{x, w, dy} {
+		fill(b, be, t, uint64(20+i))
+	}
+	for _, r := range []struct {
+		name    string
+		op      kernels.Op
+		in, out []*kernels.Tensor
+	}{
+		{"fwd", kernels.Op{Name: kernels.OpConv2D}, []*kernels.Tensor{x, w}, []*kernels.Tensor{y}},
+		{"dw", kernels.Op{Name: kernels.OpConv2DWeightGrad, Shape: w.Shape}, []*kernels.Tensor{x, dy}, []*kernels.Tensor{dw}},
+	} {
+		b.Run("f32/"+r.name, func(b *testing.B) {
+			ms := deviceTime(b, be, elementwiseReps, func() error { return be.Exec(&r.op, r.in, r.out) })
+			b.ReportMetric(flops/(ms*1e-3)/1e12, "TFLOP/s")
 			b.ReportMetric(ms, "ms/op")
 		})
 	}
