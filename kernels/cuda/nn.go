@@ -102,7 +102,8 @@ func (b *Backend) im2col(g *kernels.Window, es int, col, x uint64, nc int) error
 	var a kargs
 	a.ptr(col)
 	a.ptr(x)
-	return launch(f, rowGrid(g.C*g.KH*g.KW*nc), blockSize, b.stream, &a)
+	a.idx(total, s.idx64)
+	return launch(f, b.launchGrid(total), blockSize, b.stream, &a)
 }
 
 // conv2d queues y = conv2d(x, w) (+ bias): per chunk of images, the

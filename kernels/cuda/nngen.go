@@ -66,9 +66,8 @@ func (g geom) consts(b *strings.Builder) {
 	b.WriteString("\t(void)C; (void)H; (void)W; (void)KH; (void)KW; (void)OH; (void)OW; (void)sh; (void)sw; (void)ph; (void)pw; (void)dh; (void)dw; (void)nc; (void)P; (void)NP;\n")
 }
 
-// im2colSpec writes the im2col matrix of nc images: one block per row
-// (c, kh, kw, image) at a time, its threads along the row (moving bytes:
-// any dtype of the size).
+// im2colSpec writes the im2col matrix of nc images, element by element
+// (one thread per element, moving bytes: any dtype of the size).
 type im2colSpec struct {
 	size  int
 	idx64 bool
@@ -77,29 +76,23 @@ type im2colSpec struct {
 
 func (s im2colSpec) key() string { return fmt.Sprintf("im2col|%d|%v|%v", s.size, s.idx64, s.g) }
 
-// source: parameters (col, x).
+// source: parameters (col, x, total), total = C*KH*KW*nc*P.
 func (s im2colSpec) source() string {
 	var b strings.Builder
 	t := elemType(s.size)
-	nnHead(&b, s.idx64, []string{t + "* __restrict__ col", "const " + t + "* __restrict__ x"})
+	nnHead(&b, s.idx64, []string{t + "* __restrict__ col", "const " + t + "* __restrict__ x", "idx_t total"})
 	s.g.consts(&b)
-	fmt.Fprintf(&b, `	const idx_t rows = C * KH * KW * nc;
-	for (idx_t r = blockIdx.x; r < rows; r += gridDim.x) {
-		const idx_t n = r %% nc;
-		idx_t q = r / nc;
-		const idx_t kw = q %% KW; q /= KW;
-		const idx_t kh = q %% KH;
+	gridLoop(&b)
+	b.WriteString(`		idx_t q = i / P;
+		const idx_t p = i - q * P;
+		const idx_t n = q % nc; q /= nc;
+		const idx_t kw = q % KW; q /= KW;
+		const idx_t kh = q % KH;
 		const idx_t c = q / KH;
-		const %[1]s* xp = x + (n * C + c) * H * W;
-		%[1]s* cp = col + r * P;
-		for (idx_t p = threadIdx.x; p < P; p += %[2]d) {
-			const idx_t oh = p / OW, ow = p - oh * OW;
-			const idx_t h = oh * sh - ph + kh * dh, w = ow * sw - pw + kw * dw;
-			cp[p] = (h >= 0 && h < H && w >= 0 && w < W) ? xp[h * W + w] : (%[1]s)0;
-		}
-	}
-}
-`, t, blockSize)
+		const idx_t oh = p / OW, ow = p - oh * OW;
+		const idx_t h = oh * sh - ph + kh * dh, w = ow * sw - pw + kw * dw;
+`)
+	fmt.Fprintf(&b, "\t\tcol[i] = (h >= 0 && h < H && w >= 0 && w < W) ? x[((n * C + c) * H + h) * W + w] : (%s)0;\n\t}\n}\n", t)
 	return b.String()
 }
 
