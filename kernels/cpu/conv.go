@@ -29,6 +29,14 @@ func init() {
 // (a variable so that tests can make chunks small).
 var colElems = 1 << 20
 
+// minCols is the column matrix size below which a chunk takes several
+// samples, and minTasks the number of chunks it keeps at least, where
+// there are enough samples.
+const (
+	minCols  = 1 << 13
+	minTasks = 16
+)
+
 // maxPartials bounds the partial weight gradients summed at the end.
 const maxPartials = 16
 
@@ -54,8 +62,11 @@ func newConvPlan(g kernels.Window) *convPlan {
 	p.pointwise = g.KH == 1 && g.KW == 1 && g.SH == 1 && g.SW == 1 && g.PH == 0 && g.PW == 0
 	p.rows = max(1, colElems/max(1, p.r*g.OW))
 	if p.rows >= g.OH {
+		// One sample a chunk, whose outputs the products then write in
+		// place, unless samples are so small that the products would be
+		// tiny; but at least minTasks chunks where there are the samples.
 		p.rows = g.OH
-		p.samples = max(1, colElems/max(1, p.r*p.p))
+		p.samples = max(1, min(minCols/max(1, p.r*p.p), (g.N+minTasks-1)/minTasks))
 		p.perSample = 1
 	} else {
 		p.samples = 1
@@ -154,6 +165,46 @@ func scatterRow[T float](dst, src []T, s, off int) {
 	}
 	for q := lo; q < hi; q++ {
 		dst[q*s+off] += src[q]
+	}
+}
+
+// transposeBlock sets dst[c*ldd+r] = src[r*lds+c] for r < rows, c < cols,
+// four by four inside blocks that stay in cache.
+func transposeBlock[T float](dst []T, ldd int, src []T, lds, rows, cols int) {
+	const bs = 32
+	for r0 := 0; r0 < rows; r0 += bs {
+		r1 := min(r0+bs, rows)
+		for c0 := 0; c0 < cols; c0 += bs {
+			c1 := min(c0+bs, cols)
+			r := r0
+			for ; r+4 <= r1; r += 4 {
+				s0 := src[r*lds : r*lds+c1]
+				s1 := src[(r+1)*lds : (r+1)*lds+c1]
+				s2 := src[(r+2)*lds : (r+2)*lds+c1]
+				s3 := src[(r+3)*lds : (r+3)*lds+c1]
+				c := c0
+				for ; c+4 <= c1; c += 4 {
+					a, b, e, f := s0[c:c+4:c+4], s1[c:c+4:c+4], s2[c:c+4:c+4], s3[c:c+4:c+4]
+					d0 := dst[c*ldd+r : c*ldd+r+4 : c*ldd+r+4]
+					d1 := dst[(c+1)*ldd+r : (c+1)*ldd+r+4 : (c+1)*ldd+r+4]
+					d2 := dst[(c+2)*ldd+r : (c+2)*ldd+r+4 : (c+2)*ldd+r+4]
+					d3 := dst[(c+3)*ldd+r : (c+3)*ldd+r+4 : (c+3)*ldd+r+4]
+					d0[0], d0[1], d0[2], d0[3] = a[0], b[0], e[0], f[0]
+					d1[0], d1[1], d1[2], d1[3] = a[1], b[1], e[1], f[1]
+					d2[0], d2[1], d2[2], d2[3] = a[2], b[2], e[2], f[2]
+					d3[0], d3[1], d3[2], d3[3] = a[3], b[3], e[3], f[3]
+				}
+				for ; c < c1; c++ {
+					d := dst[c*ldd+r : c*ldd+r+4 : c*ldd+r+4]
+					d[0], d[1], d[2], d[3] = s0[c], s1[c], s2[c], s3[c]
+				}
+			}
+			for ; r < r1; r++ {
+				for c, v := range src[r*lds+c0 : r*lds+c1] {
+					dst[(c0+c)*ldd+r] = v
+				}
+			}
+		}
 	}
 }
 
@@ -346,14 +397,9 @@ func conv2DWeightGrad[T float](p *convPlan, dw, x, dy []T) {
 				dyt := packBuf[T](ht, l*p.og)
 				for gi := range p.Groups {
 					im2col(p, col, x, c, gi)
-					for o := range p.og {
-						for n := c.n0; n < c.n1; n++ {
-							src := dy[(n*p.O+gi*p.og+o)*p.p+c.oh0*p.OW:][:seg]
-							base := (n - c.n0) * seg
-							for q, v := range src {
-								dyt[(base+q)*p.og+o] = v
-							}
-						}
+					for n := c.n0; n < c.n1; n++ {
+						src := dy[(n*p.O+gi*p.og)*p.p+c.oh0*p.OW:]
+						transposeBlock(dyt[(n-c.n0)*seg*p.og:], p.og, src, p.p, p.og, seg)
 					}
 					a := acc[gi*p.r*p.og : (gi+1)*p.r*p.og]
 					if first {

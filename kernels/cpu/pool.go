@@ -46,6 +46,29 @@ func execPool(b *Backend, op *kernels.Op, in, out []*kernels.Tensor) error {
 	return nil
 }
 
+// poolAxis is the window of one output position along one axis: taps
+// [lo, hi) fall inside the input, tap t at input position base + t*d.
+type poolAxis struct{ lo, hi, base int }
+
+// poolAxes returns the windows of the out positions of an axis of n
+// inputs.
+func poolAxes(out, n, k, s, p, d int) []poolAxis {
+	ax := make([]poolAxis, out)
+	for o := range ax {
+		base := o*s - p
+		lo, hi := rowRange(k, n, d, base)
+		ax[o] = poolAxis{lo, hi, base}
+	}
+	return ax
+}
+
+// poolGeom is a pooling's geometry with the windows of every output row
+// and column worked out once.
+type poolGeom struct {
+	*kernels.Window
+	rows, cols []poolAxis
+}
+
 func runPool[T float](g *kernels.Window, name string, in, out []*kernels.Tensor) {
 	v := func(t *kernels.Tensor) []T { return view[T](data(t), t.Numel()) }
 	y := v(out[0])
@@ -54,20 +77,23 @@ func runPool[T float](g *kernels.Window, name string, in, out []*kernels.Tensor)
 	if len(in) == 2 {
 		x = v(in[1])
 	}
+	pg := &poolGeom{Window: g,
+		rows: poolAxes(g.OH, g.H, g.KH, g.SH, g.PH, g.DH),
+		cols: poolAxes(g.OW, g.W, g.KW, g.SW, g.PW, g.DW)}
 	hw, ohw := g.H*g.W, g.OH*g.OW
 	planes := g.N * g.C
-	gg := *g
 	f := func(lo, hi int) {
+		val, key, idx := make([]T, g.OW), make([]uint64, g.OW), make([]int32, g.OW)
 		for pl := lo; pl < hi; pl++ {
 			switch name {
 			case kernels.OpMaxPool2D:
-				maxPool(&gg, y[pl*ohw:(pl+1)*ohw], a[pl*hw:(pl+1)*hw])
+				maxPool(pg, y[pl*ohw:(pl+1)*ohw], a[pl*hw:(pl+1)*hw])
 			case kernels.OpAvgPool2D:
-				avgPool(&gg, y[pl*ohw:(pl+1)*ohw], a[pl*hw:(pl+1)*hw])
+				avgPool(pg, y[pl*ohw:(pl+1)*ohw], a[pl*hw:(pl+1)*hw])
 			case kernels.OpMaxPool2DGrad:
-				maxPoolGrad(&gg, y[pl*hw:(pl+1)*hw], a[pl*ohw:(pl+1)*ohw], x[pl*hw:(pl+1)*hw])
+				maxPoolGrad(pg, y[pl*hw:(pl+1)*hw], a[pl*ohw:(pl+1)*ohw], x[pl*hw:(pl+1)*hw], val, key, idx)
 			default:
-				avgPoolGrad(&gg, y[pl*hw:(pl+1)*hw], a[pl*ohw:(pl+1)*ohw])
+				avgPoolGrad(pg, y[pl*hw:(pl+1)*hw], a[pl*ohw:(pl+1)*ohw])
 			}
 		}
 	}
@@ -78,70 +104,103 @@ func runPool[T float](g *kernels.Window, name string, in, out []*kernels.Tensor)
 	f(0, planes)
 }
 
-// window returns the kernel rows [i0, i1) and columns [j0, j1) of output
-// (oh, ow) that fall inside the input, and the input offsets of kernel
-// row and column 0.
-func window(g *kernels.Window, oh, ow int) (i0, i1, j0, j1, h0, w0 int) {
-	h0, w0 = oh*g.SH-g.PH, ow*g.SW-g.PW
-	i0, i1 = rowRange(g.KH, g.H, g.DH, h0)
-	j0, j1 = rowRange(g.KW, g.W, g.DW, w0)
-	return
-}
-
-// argmaxWindow is the input offset of the first largest element of output
-// (oh, ow)'s window (the first NaN, if any), or -1 if the window holds
-// only padding.
-func argmaxWindow[T float](g *kernels.Window, x []T, oh, ow int) int {
-	i0, i1, j0, j1, h0, w0 := window(g, oh, ow)
-	best := -1
-	var bv T
-	for i := i0; i < i1; i++ {
-		row := x[(h0+i*g.DH)*g.W:]
-		for j := j0; j < j1; j++ {
-			iw := w0 + j*g.DW
-			v := row[iw]
-			if best < 0 || v > bv || v != v && bv == bv {
-				best, bv = (h0+i*g.DH)*g.W+iw, v
-			}
-		}
+// maxRow sets val to the largest element of each window of output row oh
+// (NaN if the window holds one; -∞ for a window of padding alone),
+// visiting each tap for all the row's outputs at once.
+func maxRow[T float](g *poolGeom, x []T, oh int, val []T) {
+	ra := g.rows[oh]
+	for ow := range val {
+		val[ow] = T(math.Inf(-1))
 	}
-	return best
-}
-
-func maxPool[T float](g *kernels.Window, y, x []T) {
-	for oh := range g.OH {
-		for ow := range g.OW {
-			k := argmaxWindow(g, x, oh, ow)
-			if k < 0 {
-				y[oh*g.OW+ow] = T(math.Inf(-1))
+	for i := ra.lo; i < ra.hi; i++ {
+		off := (ra.base + i*g.DH) * g.W
+		row := x[off : off+g.W]
+		for j := range g.KW {
+			// The outputs whose tap j is inside the input.
+			o0, o1 := rowRange(g.OW, g.W, g.SW, j*g.DW-g.PW)
+			iw := o0*g.SW + j*g.DW - g.PW
+			if g.SW == 1 {
+				for ow, v := range row[iw : iw+o1-o0] {
+					val[o0+ow] = max(val[o0+ow], v)
+				}
 				continue
 			}
-			y[oh*g.OW+ow] = x[k]
+			for ow := o0; ow < o1; ow, iw = ow+1, iw+g.SW {
+				val[ow] = max(val[ow], row[iw])
+			}
 		}
 	}
 }
 
-func maxPoolGrad[T float](g *kernels.Window, dx, dy, x []T) {
+// floatKey is a float's bits with -0 as +0 and every NaN as one NaN, so
+// that two floats have the same key if they compare equal or are both NaN.
+func floatKey[T float](v T) uint64 {
+	f := float64(v) + 0 // -0 + 0 is +0
+	if f != f {
+		return 0x7ff8000000000000
+	}
+	return math.Float64bits(f)
+}
+
+// argmaxRow sets idx to the input offset of the first element of each
+// window of output row oh (row-major window order) that equals its largest
+// val, or that is NaN where val is; -1 for a window of padding alone. It
+// walks the taps backwards, so that the last match it sees is the first,
+// and compares keys (see floatKey), so that its loop has no branch that
+// depends on the data but for NaN.
+func argmaxRow[T float](g *poolGeom, x []T, oh int, val []T, key []uint64, idx []int32) {
+	ra := g.rows[oh]
+	for ow, v := range val {
+		idx[ow] = -1
+		key[ow] = floatKey(v)
+	}
+	for i := ra.hi - 1; i >= ra.lo; i-- {
+		off := (ra.base + i*g.DH) * g.W
+		row := x[off : off+g.W]
+		for j := g.KW - 1; j >= 0; j-- {
+			o0, o1 := rowRange(g.OW, g.W, g.SW, j*g.DW-g.PW)
+			iw := o0*g.SW + j*g.DW - g.PW
+			for ow := o0; ow < o1; ow, iw = ow+1, iw+g.SW {
+				k := idx[ow]
+				if floatKey(row[iw]) == key[ow] {
+					k = int32(off + iw)
+				}
+				idx[ow] = k
+			}
+		}
+	}
+}
+
+func maxPool[T float](g *poolGeom, y, x []T) {
+	for oh := range g.OH {
+		maxRow(g, x, oh, y[oh*g.OW:(oh+1)*g.OW])
+	}
+}
+
+func maxPoolGrad[T float](g *poolGeom, dx, dy, x, val []T, key []uint64, idx []int32) {
 	clear(dx)
 	for oh := range g.OH {
-		for ow := range g.OW {
-			if k := argmaxWindow(g, x, oh, ow); k >= 0 {
+		maxRow(g, x, oh, val)
+		argmaxRow(g, x, oh, val, key, idx)
+		for ow, k := range idx {
+			if k >= 0 {
 				dx[k] += dy[oh*g.OW+ow]
 			}
 		}
 	}
 }
 
-func avgPool[T float](g *kernels.Window, y, x []T) {
+// avgPool and avgPoolGrad: avg_pool2d has no dilation.
+
+func avgPool[T float](g *poolGeom, y, x []T) {
 	div := float64(g.KH * g.KW)
-	for oh := range g.OH {
-		for ow := range g.OW {
-			i0, i1, j0, j1, h0, w0 := window(g, oh, ow)
+	for oh, ra := range g.rows {
+		for ow, ca := range g.cols {
 			s := 0.0
-			for i := i0; i < i1; i++ {
-				row := x[(h0+i)*g.W:]
-				for j := j0; j < j1; j++ {
-					s += float64(row[w0+j])
+			for i := ra.lo; i < ra.hi; i++ {
+				row := x[(ra.base+i)*g.W:]
+				for _, v := range row[ca.base+ca.lo : ca.base+ca.hi] {
+					s += float64(v)
 				}
 			}
 			y[oh*g.OW+ow] = T(s / div)
@@ -149,17 +208,17 @@ func avgPool[T float](g *kernels.Window, y, x []T) {
 	}
 }
 
-func avgPoolGrad[T float](g *kernels.Window, dx, dy []T) {
+func avgPoolGrad[T float](g *poolGeom, dx, dy []T) {
 	clear(dx)
 	div := float64(g.KH * g.KW)
-	for oh := range g.OH {
-		for ow := range g.OW {
+	for oh, ra := range g.rows {
+		for ow, ca := range g.cols {
 			d := T(float64(dy[oh*g.OW+ow]) / div)
-			i0, i1, j0, j1, h0, w0 := window(g, oh, ow)
-			for i := i0; i < i1; i++ {
-				row := dx[(h0+i)*g.W:]
-				for j := j0; j < j1; j++ {
-					row[w0+j] += d
+			for i := ra.lo; i < ra.hi; i++ {
+				row := dx[(ra.base+i)*g.W:]
+				seg := row[ca.base+ca.lo : ca.base+ca.hi]
+				for j := range seg {
+					seg[j] += d
 				}
 			}
 		}

@@ -310,3 +310,49 @@ func (s *suite) crossEntropy(name string) {
 		}
 	}
 }
+
+// nnExecErrors hands Exec convolution, pooling and loss ops whose tensors
+// do not fit: each must fail without panicking.
+func nnExecErrors(s *suite) {
+	b := s.b
+	buf, err := b.Alloc(4 * 12)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer b.Free(buf)
+	f32 := func(shape ...int) *kernels.Tensor {
+		return &kernels.Tensor{Meta: meta(kernels.Float32, shape...), Buf: buf}
+	}
+	i64 := func(shape ...int) *kernels.Tensor {
+		return &kernels.Tensor{Meta: meta(kernels.Int64, shape...), Buf: buf}
+	}
+	ts := func(t ...*kernels.Tensor) []*kernels.Tensor { return t }
+	cases := []struct {
+		name    string
+		op      kernels.Op
+		in, out []*kernels.Tensor
+	}{
+		{"conv2d output shape", kernels.Op{Name: kernels.OpConv2D}, ts(f32(1, 1, 3, 3), f32(1, 1, 2, 2)), ts(f32(1, 1, 3, 3))},
+		{"conv2d short input", kernels.Op{Name: kernels.OpConv2D}, ts(f32(1, 2, 4, 4), f32(1, 2, 2, 2)), ts(f32(1, 1, 3, 3))},
+		{"conv2d one input", kernels.Op{Name: kernels.OpConv2D}, ts(f32(1, 1, 3, 3)), ts(f32(1, 1, 3, 3))},
+		{"conv2d bad stride", kernels.Op{Name: kernels.OpConv2D, Stride: []int{0, 0}}, ts(f32(1, 1, 3, 3), f32(1, 1, 2, 2)), ts(f32(1, 1, 2, 2))},
+		{"conv2d_input_grad no shape", kernels.Op{Name: kernels.OpConv2DInputGrad}, ts(f32(1, 1, 2, 2), f32(1, 1, 2, 2)), ts(f32(1, 1, 3, 3))},
+		{"conv2d_weight_grad output shape", kernels.Op{Name: kernels.OpConv2DWeightGrad, Shape: []int{1, 1, 2, 2}},
+			ts(f32(1, 1, 3, 3), f32(1, 1, 2, 2)), ts(f32(1, 1, 3, 3))},
+		{"max_pool2d no kernel", kernels.Op{Name: kernels.OpMaxPool2D}, ts(f32(1, 1, 2, 2)), ts(f32(1, 1, 1, 1))},
+		{"max_pool2d_grad output shape", kernels.Op{Name: kernels.OpMaxPool2DGrad, Kernel: []int{2, 2}}, ts(f32(1, 1, 1, 1), f32(1, 1, 2, 2)), ts(f32(1, 1, 1, 1))},
+		{"avg_pool2d_grad short output", kernels.Op{Name: kernels.OpAvgPool2DGrad, Kernel: []int{2, 2}, Shape: []int{1, 1, 4, 4}}, ts(f32(1, 1, 2, 2)), ts(f32(1, 1, 4, 4))},
+		{"cross_entropy float target", kernels.Op{Name: kernels.OpCrossEntropy}, ts(f32(3, 4), f32(3)), ts(f32())},
+		{"cross_entropy output shape", kernels.Op{Name: kernels.OpCrossEntropy, Reduce: kernels.ReduceNone}, ts(f32(3, 4), i64(3)), ts(f32(2))},
+		{"cross_entropy_grad dy shape", kernels.Op{Name: kernels.OpCrossEntropyGrad}, ts(f32(3, 4), i64(3), f32(3)), ts(f32(3, 4))},
+	}
+	for _, c := range cases {
+		p, err := safeExec(b, &c.op, c.in, c.out)
+		switch {
+		case p != nil:
+			s.t.Errorf("%s: Exec(%s) panicked: %v", c.name, opString(&c.op), p)
+		case err == nil:
+			s.t.Errorf("%s: Exec(%s) succeeded, want an error", c.name, opString(&c.op))
+		}
+	}
+}
