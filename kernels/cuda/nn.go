@@ -27,10 +27,10 @@ var maxIm2col = 256 << 20
 // nn queues a convolution, pooling or cross-entropy op. An output that
 // shares memory with an input is written through scratch memory.
 func (b *Backend) nn(op *kernels.Op, inM []kernels.Meta, y kernels.Meta, inB []*buffer, out *buffer) error {
-	dst := out
-	for _, in := range inB {
-		if out.n > 0 && in.n > 0 && in.ptr < out.ptr+uint64(out.n) && out.ptr < in.ptr+uint64(in.n) {
-			tmp, err := b.alloc(out.n)
+	dst, n := out, y.Bytes()
+	for i, in := range inB {
+		if m := inM[i].Bytes(); n > 0 && m > 0 && in.ptr < out.ptr+uint64(n) && out.ptr < in.ptr+uint64(m) {
+			tmp, err := b.alloc(n)
 			if err != nil {
 				return err
 			}
@@ -59,7 +59,7 @@ func (b *Backend) nn(op *kernels.Op, inM []kernels.Meta, y kernels.Meta, inB []*
 	if err != nil || dst == out {
 		return err
 	}
-	return memcpyDtoD(out.ptr, dst.ptr, out.n, b.stream)
+	return memcpyDtoD(out.ptr, dst.ptr, n, b.stream)
 }
 
 // convBLAS returns cuBLAS's handle and types for a convolution of dt:
