@@ -3,6 +3,7 @@
 package cuda
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/jetfabric/jetfabric/kernels"
@@ -268,4 +269,146 @@ func BenchmarkTransfer(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkConv2D: the second convolution of the MNIST CNN at batch 128,
+// x[128,32,26,26] * w[64,32,3,3] -> y[128,64,24,24], forward and both
+// gradients, in float32 (with and without TF32) and float64, then its
+// 2x2 max pool and the pool's gradient. TFLOP/s counts
+// 2*N*O*OH*OW*C*KH*KW per convolution.
+func BenchmarkConv2D(b *testing.B) {
+	const n, c, h, o, k = 128, 32, 26, 64, 3
+	const oh = h - k + 1
+	flops := float64(2 * n * o * oh * oh * c * k * k)
+	plain := newBackend(b)
+	tf32 := newBackend(b, WithTF32(true))
+	for _, v := range []struct {
+		name string
+		be   *Backend
+		dt   kernels.DType
+	}{
+		{"f32", plain, kernels.Float32},
+		{"tf32", tf32, kernels.Float32},
+		{"f64", plain, kernels.Float64},
+	} {
+		x := empty(b, v.be, v.dt, n, c, h, h)
+		w := empty(b, v.be, v.dt, o, c, k, k)
+		bias := empty(b, v.be, v.dt, o)
+		y := empty(b, v.be, v.dt, n, o, oh, oh)
+		dy := empty(b, v.be, v.dt, n, o, oh, oh)
+		dx := empty(b, v.be, v.dt, n, c, h, h)
+		dw := empty(b, v.be, v.dt, o, c, k, k)
+		for i, t := range []*kernels.Tensor{x, w, bias, dy} {
+			fill(b, v.be, t, uint64(10+i))
+		}
+		for _, r := range []struct {
+			name    string
+			op      kernels.Op
+			in, out []*kernels.Tensor
+		}{
+			{"fwd", kernels.Op{Name: kernels.OpConv2D}, []*kernels.Tensor{x, w}, []*kernels.Tensor{y}},
+			{"fwd+bias", kernels.Op{Name: kernels.OpConv2D}, []*kernels.Tensor{x, w, bias}, []*kernels.Tensor{y}},
+			{"dx", kernels.Op{Name: kernels.OpConv2DInputGrad, Shape: x.Shape}, []*kernels.Tensor{dy, w}, []*kernels.Tensor{dx}},
+			{"dw", kernels.Op{Name: kernels.OpConv2DWeightGrad, Shape: w.Shape}, []*kernels.Tensor{x, dy}, []*kernels.Tensor{dw}},
+		} {
+			b.Run(v.name+"/"+r.name, func(b *testing.B) {
+				ms := deviceTime(b, v.be, elementwiseReps, func() error { return v.be.Exec(&r.op, r.in, r.out) })
+				b.ReportMetric(flops/(ms*1e-3)/1e12, "TFLOP/s")
+				b.ReportMetric(ms, "ms/op")
+			})
+			if v.name == "f64" || r.name == "fwd+bias" {
+				continue
+			}
+			// Smaller chunks of images keep the im2col matrix in L2.
+			for _, mib := range []int{32, 8} {
+				b.Run(fmt.Sprintf("%s/%s-chunk%dMiB", v.name, r.name, mib), func(b *testing.B) {
+					old := maxIm2col
+					maxIm2col = mib << 20
+					defer func() { maxIm2col = old }()
+					ms := deviceTime(b, v.be, elementwiseReps, func() error { return v.be.Exec(&r.op, r.in, r.out) })
+					b.ReportMetric(flops/(ms*1e-3)/1e12, "TFLOP/s")
+					b.ReportMetric(ms, "ms/op")
+				})
+			}
+		}
+		if v.name == "f64" {
+			continue
+		}
+		// The forward's parts: the im2col matrix, and the GEMMs on it.
+		g, err := kernels.ConvWindow(&kernels.Op{Name: kernels.OpConv2D}, x.Shape, w.Shape)
+		if err != nil {
+			b.Fatal(err)
+		}
+		col := empty(b, v.be, v.dt, c*k*k, n, oh*oh)
+		colB, xB, wB, yB := col.Buf.(*buffer), x.Buf.(*buffer), w.Buf.(*buffer), y.Buf.(*buffer)
+		b.Run(v.name+"/fwd-im2col", func(b *testing.B) {
+			ms := deviceTime(b, v.be, elementwiseReps, func() error {
+				return v.be.do(func() error { return v.be.im2col(&g, 4, colB.ptr, xB.ptr, n) })
+			})
+			b.ReportMetric(float64(4*c*k*k*n*oh*oh)/(ms*1e-3)/1e9, "GB/s")
+			b.ReportMetric(ms, "ms/op")
+		})
+		b.Run(v.name+"/fwd-gemm", func(b *testing.B) {
+			ms := deviceTime(b, v.be, elementwiseReps, func() error {
+				return v.be.do(func() error {
+					h, data, compute, err := v.be.convBLAS(kernels.OpConv2D, kernels.Float32)
+					if err != nil {
+						return err
+					}
+					return gemm(h, &gemmArgs{m: oh * oh, n: o, k: c * k * k, a: colB.ptr, lda: n * oh * oh, sa: oh * oh,
+						b: wB.ptr, ldb: c * k * k, c: yB.ptr, ldc: oh * oh, sc: o * oh * oh, count: n, dtype: data, compute: compute})
+				})
+			})
+			b.ReportMetric(flops/(ms*1e-3)/1e12, "TFLOP/s")
+			b.ReportMetric(ms, "ms/op")
+		})
+		if v.name != "f32" {
+			continue
+		}
+		p := empty(b, v.be, v.dt, n, o, oh/2, oh/2)
+		pool := kernels.Op{Name: kernels.OpMaxPool2D, Kernel: []int{2, 2}}
+		poolGrad := kernels.Op{Name: kernels.OpMaxPool2DGrad, Kernel: []int{2, 2}}
+		b.Run("f32/maxpool", func(b *testing.B) {
+			ms := deviceTime(b, v.be, elementwiseReps, func() error { return v.be.Exec(&pool, []*kernels.Tensor{y}, []*kernels.Tensor{p}) })
+			b.ReportMetric(ms, "ms/op")
+		})
+		b.Run("f32/maxpool-grad", func(b *testing.B) {
+			ms := deviceTime(b, v.be, elementwiseReps, func() error {
+				return v.be.Exec(&poolGrad, []*kernels.Tensor{p, y}, []*kernels.Tensor{dy})
+			})
+			b.ReportMetric(ms, "ms/op")
+		})
+	}
+}
+
+// BenchmarkConv2DFirst: the first convolution of the MNIST CNN at batch
+// 128, x[128,1,28,28] * w[32,1,3,3] -> y[128,32,26,26], forward and the
+// weight gradient in float32.
+func BenchmarkConv2DFirst(b *testing.B) {
+	const n, h, o, k = 128, 28, 32, 3
+	const oh = h - k + 1
+	flops := float64(2 * n * o * oh * oh * k * k)
+	be := newBackend(b)
+	x := empty(b, be, kernels.Float32, n, 1, h, h)
+	w := empty(b, be, kernels.Float32, o, 1, k, k)
+	y := empty(b, be, kernels.Float32, n, o, oh, oh)
+	dy := empty(b, be, kernels.Float32, n, o, oh, oh)
+	dw := empty(b, be, kernels.Float32, o, 1, k, k)
+	for i, t := range []*kernels.Tensor{x, w, dy} {
+		fill(b, be, t, uint64(20+i))
+	}
+	for _, r := range []struct {
+		name    string
+		op      kernels.Op
+		in, out []*kernels.Tensor
+	}{
+		{"fwd", kernels.Op{Name: kernels.OpConv2D}, []*kernels.Tensor{x, w}, []*kernels.Tensor{y}},
+		{"dw", kernels.Op{Name: kernels.OpConv2DWeightGrad, Shape: w.Shape}, []*kernels.Tensor{x, dy}, []*kernels.Tensor{dw}},
+	} {
+		b.Run("f32/"+r.name, func(b *testing.B) {
+			ms := deviceTime(b, be, elementwiseReps, func() error { return be.Exec(&r.op, r.in, r.out) })
+			b.ReportMetric(flops/(ms*1e-3)/1e12, "TFLOP/s")
+			b.ReportMetric(ms, "ms/op")
+		})
+	}
 }

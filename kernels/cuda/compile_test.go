@@ -185,3 +185,49 @@ func TestNVRTCHalfHeader(t *testing.T) {
 	_, err := compileCUBIN(src, []string{"--gpu-architecture=sm_90"})
 	t.Logf("NVRTC %d.%d built-in cuda_fp16.h/cuda_bf16.h: %v", nvrtcMajor, nvrtcMinor, err == nil)
 }
+
+// TestCompileNN compiles every variant of the convolution, pooling and
+// cross-entropy kernels with NVRTC for Hopper.
+func TestCompileNN(t *testing.T) {
+	if err := loadNVRTC(); err != nil {
+		t.Skip(err)
+	}
+	opts := []string{"--gpu-architecture=sm_90", "--fmad=false"}
+	srcs := map[string]string{}
+	// The MNIST CNN's second convolution, and one with every attribute.
+	gs := []geom{{32, 26, 26, 3, 3, 24, 24, 1, 1, 0, 0, 1, 1, 128}, {3, 9, 8, 3, 2, 5, 6, 2, 1, 1, 0, 1, 2, 4}}
+	for k, wide := range []bool{false, true} {
+		g := gs[k]
+		for _, size := range []int{2, 4, 8} {
+			s := im2colSpec{size: size, idx64: wide, g: g}
+			srcs[s.key()] = s.source()
+			srcs[rowsSpec{size}.key()] = rowsSpec{size}.source()
+		}
+		for _, dt := range []kernels.DType{kernels.Float32, kernels.Float64, kernels.Float16, kernels.BFloat16} {
+			for _, s := range []interface {
+				key() string
+				source() string
+			}{
+				col2imSpec{dt, wide, g}, biasSpec{dt, wide},
+				poolSpec{dt, false, wide, g}, poolSpec{dt, true, wide, g},
+				poolGradSpec{dt, false, wide, g}, poolGradSpec{dt, true, wide, g}, poolScatterSpec{dt, wide, g},
+				ceFinalSpec{dt, wide},
+			} {
+				srcs[s.key()] = s.source()
+			}
+			for reduce := range 3 {
+				for _, grad := range []bool{false, true} {
+					s := ceSpec{dt: dt, tgt64: wide, reduce: reduce, grad: grad}
+					srcs[s.key()] = s.source()
+				}
+			}
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(srcs)) {
+		if _, err := compileCUBIN(srcs[k], opts); err != nil {
+			t.Errorf("%s: %v\n%s", k, err, srcs[k])
+			return
+		}
+	}
+	t.Logf("%d kernels compiled", len(srcs))
+}

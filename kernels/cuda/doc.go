@@ -42,6 +42,25 @@
 // tree, not in the CPU's order), rounding once. bernoulli matches
 // kernels.UniformAt(seed, key, i, 0, 1) < p bit for bit.
 //
+// conv2d and its two gradients lower to cuBLAS GEMMs over an im2col
+// matrix, built for a chunk of images at a time (at most 256 MiB of it):
+// the forward is one strided batched GEMM per group over the chunk's
+// images, the input gradient a strided batched GEMM into the matrix's
+// gradient then a col2im gather (one thread per input element adds the
+// entries that copied it, taps in order), the weight gradient one GEMM
+// per group over the chunk's images and positions, chunks accumulated in
+// order. They run in float32 and float64 (float16 and bfloat16 return
+// kernels.ErrNotImplemented). The pools and cross_entropy are generated
+// kernels in every float dtype: max_pool2d_grad and avg_pool2d_grad are
+// gathers that add each input element's windows in row-major order (a max
+// pool whose windows do not overlap writes each window's elements from one
+// thread), and cross_entropy gives each row a warp that sums in float64,
+// with a target out of range reported as kernels.ErrIndex through a device
+// flag. None of these uses atomics, so every result is the same bits from
+// run to run. The convolution and pooling kernels are compiled for their
+// geometry (extents, strides, padding, dilation), so that their index
+// arithmetic has constant divisors.
+//
 // Device memory comes from a caching
 // allocator with size classes; host transfers go through pinned staging
 // buffers.

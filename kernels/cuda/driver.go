@@ -135,20 +135,21 @@ static cublasStatus_t jf_set_workspace(cublasHandle_t h, CUdeviceptr p, size_t n
 	return p_cublasSetWorkspace_v2(h, (void*)p, n);
 }
 
-// jf_gemm: C = A*B, column-major, no transposes. A strided batched call
+// jf_gemm: C = op(A)*op(B) + beta*C, column-major, op a transpose where
+// ta (tb) is 1; beta is 0, or 1 when acc is set. A strided batched call
 // when count > 1. alpha and beta are double for the float64 compute type.
-static cublasStatus_t jf_gemm(cublasHandle_t h, int m, int n, int k, CUdeviceptr A, int lda, long long sa,
+static cublasStatus_t jf_gemm(cublasHandle_t h, int ta, int tb, int acc, int m, int n, int k, CUdeviceptr A, int lda, long long sa,
 		CUdeviceptr B, int ldb, long long sb, CUdeviceptr C, int ldc, long long sc, int count, int dtype, int compute) {
 	float one32 = 1, zero32 = 0;
 	double one64 = 1, zero64 = 0;
 	const void* alpha = &one32;
-	const void* beta = &zero32;
-	if (compute == 70 || compute == 71) { alpha = &one64; beta = &zero64; } // CUBLAS_COMPUTE_64F
+	const void* beta = acc ? &one32 : &zero32;
+	if (compute == 70 || compute == 71) { alpha = &one64; beta = acc ? &one64 : &zero64; } // CUBLAS_COMPUTE_64F
 	if (count == 1) {
-		return p_cublasGemmEx(h, 0, 0, m, n, k, alpha, (const void*)A, dtype, lda, (const void*)B, dtype, ldb,
+		return p_cublasGemmEx(h, ta, tb, m, n, k, alpha, (const void*)A, dtype, lda, (const void*)B, dtype, ldb,
 			beta, (void*)C, dtype, ldc, compute, -1);
 	}
-	return p_cublasGemmStridedBatchedEx(h, 0, 0, m, n, k, alpha, (const void*)A, dtype, lda, sa, (const void*)B, dtype, ldb, sb,
+	return p_cublasGemmStridedBatchedEx(h, ta, tb, m, n, k, alpha, (const void*)A, dtype, lda, sa, (const void*)B, dtype, ldb, sb,
 		beta, (void*)C, dtype, ldc, sc, count, compute, -1);
 }
 
@@ -563,8 +564,11 @@ func blasVersion(h blasHandle) int {
 	return int(v)
 }
 
-// gemmArgs is one column-major GEMM, strided batched when count > 1.
+// gemmArgs is one column-major GEMM, strided batched when count > 1:
+// C = op(A)*op(B), or C += op(A)*op(B) with acc; op transposes A (B)
+// where ta (tb) is set.
 type gemmArgs struct {
+	ta, tb, acc   bool
 	m, n, k       int
 	a, b, c       uint64
 	lda, ldb, ldc int
@@ -574,13 +578,19 @@ type gemmArgs struct {
 	compute       int // cublasComputeType_t
 }
 
-// gemm runs C = A*B with alpha 1 and beta 0.
+// gemm runs C = op(A)*op(B), plus C with acc.
 func gemm(h blasHandle, g *gemmArgs) error {
 	call := "cublasGemmEx"
 	if g.count > 1 {
 		call = "cublasGemmStridedBatchedEx"
 	}
-	return cublasResult(call, C.jf_gemm(h, C.int(g.m), C.int(g.n), C.int(g.k),
+	flag := func(v bool) C.int {
+		if v {
+			return 1
+		}
+		return 0
+	}
+	return cublasResult(call, C.jf_gemm(h, flag(g.ta), flag(g.tb), flag(g.acc), C.int(g.m), C.int(g.n), C.int(g.k),
 		C.CUdeviceptr(g.a), C.int(g.lda), C.longlong(g.sa), C.CUdeviceptr(g.b), C.int(g.ldb), C.longlong(g.sb),
 		C.CUdeviceptr(g.c), C.int(g.ldc), C.longlong(g.sc), C.int(g.count), C.int(g.dtype), C.int(g.compute)))
 }

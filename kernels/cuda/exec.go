@@ -134,6 +134,8 @@ func (b *Backend) exec(op *kernels.Op, in, out []*kernels.Tensor) error {
 		return b.matmul(inM, want[0], inB, outB[0])
 	case isMovement(name) || isIndexing(name) || name == kernels.OpLayerNorm || name == kernels.OpRMSNorm:
 		return b.movement(op, inM, want, inB, outB)
+	case isNN(name):
+		return b.nn(op, inM, want[0], inB, outB[0])
 	}
 	return fmt.Errorf("%w: %s", kernels.ErrNotImplemented, op.Name)
 }
