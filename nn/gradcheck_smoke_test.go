@@ -1,0 +1,56 @@
+package nn_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jetfabric/jetfabric/broker/brokertest"
+	"github.com/jetfabric/jetfabric/client"
+	"github.com/jetfabric/jetfabric/kernels"
+	"github.com/jetfabric/jetfabric/nn"
+	"github.com/jetfabric/jetfabric/worker"
+	"github.com/jetfabric/jetfabric/worker/workertest"
+)
+
+// fabric starts a broker and a worker serving cpu-0 and returns a session
+// on it, and the worker.
+func fabric(t testing.TB) (*client.Session, *worker.Worker) {
+	t.Helper()
+	b := brokertest.Run(t)
+	w := workertest.Run(t, b, workertest.CPUs(1), func(c *worker.Config) { c.Heartbeat = 200 * time.Millisecond })
+	c, err := client.Connect(b.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	s, err := c.Open(context.Background(), "cpu-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close(context.Background()) })
+	return s, w
+}
+
+func TestSmoke(t *testing.T) {
+	s, _ := fabric(t)
+	ctx := context.Background()
+	x, err := nn.FromValues(ctx, s, kernels.Float64, []int{2, 3}, []float64{1, 2, 3, 4, 5, 6})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x.RequireGrad()
+	loss := nn.Sum(nn.Mul(x, x), nil, false)
+	if err := nn.Backward(loss); err != nil {
+		t.Fatal(err)
+	}
+	v, err := loss.Item(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := x.Grad().Float64s(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(v, g)
+}
