@@ -171,25 +171,25 @@ func init() {
 		kernels.OpRMSNorm:   normRule(false),
 
 		// Convolution, pooling, cross-entropy: their own gradient ops.
-		opConv2d: func(n *node, g []*Tensor) []*Tensor {
+		kernels.OpConv2D: func(n *node, g []*Tensor) []*Tensor {
 			x, w := n.in[0], n.in[1]
 			out := []*Tensor{
-				needed(n, 0, func() *Tensor { return conv2dInputGrad(g[0], w, x.meta.Shape, n.op.sp) }),
-				needed(n, 1, func() *Tensor { return conv2dWeightGrad(x, g[0], w.meta.Shape, n.op.sp) }),
+				needed(n, 0, func() *Tensor { return conv2dInputGrad(g[0], w, x.meta.Shape, &n.op.k) }),
+				needed(n, 1, func() *Tensor { return conv2dWeightGrad(x, g[0], w.meta.Shape, &n.op.k) }),
 			}
 			if len(n.in) == 3 {
 				out = append(out, needed(n, 2, func() *Tensor { return Sum(g[0], []int{0, 2, 3}, false) }))
 			}
 			return out
 		},
-		opMaxPool2d: func(n *node, g []*Tensor) []*Tensor {
-			return []*Tensor{maxPool2dGrad(g[0], n.in[0], n.op.sp)}
+		kernels.OpMaxPool2D: func(n *node, g []*Tensor) []*Tensor {
+			return []*Tensor{maxPool2dGrad(g[0], n.in[0], &n.op.k)}
 		},
-		opAvgPool2d: func(n *node, g []*Tensor) []*Tensor {
-			return []*Tensor{avgPool2dGrad(g[0], n.in[0].meta.Shape, n.op.sp)}
+		kernels.OpAvgPool2D: func(n *node, g []*Tensor) []*Tensor {
+			return []*Tensor{avgPool2dGrad(g[0], n.in[0].meta.Shape, &n.op.k)}
 		},
-		opCrossEntropy: func(n *node, g []*Tensor) []*Tensor {
-			return []*Tensor{crossEntropyGrad(n.in[0], n.in[1], g[0], n.op.sp.reduce)}
+		kernels.OpCrossEntropy: func(n *node, g []*Tensor) []*Tensor {
+			return []*Tensor{crossEntropyGrad(n.in[0], n.in[1], g[0], &n.op.k)}
 		},
 	}
 }

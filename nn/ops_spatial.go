@@ -5,36 +5,8 @@ import (
 	"slices"
 
 	"github.com/jetfabric/jetfabric/client"
-	"github.com/jetfabric/jetfabric/codec"
 	"github.com/jetfabric/jetfabric/kernels"
 )
-
-// The names of convolution, pooling and cross-entropy ops and of their
-// gradients (docs/PROTOCOL.md).
-const (
-	opConv2d           = "conv2d"
-	opConv2dInputGrad  = "conv2d_input_grad"
-	opConv2dWeightGrad = "conv2d_weight_grad"
-	opMaxPool2d        = "max_pool2d"
-	opMaxPool2dGrad    = "max_pool2d_grad"
-	opAvgPool2d        = "avg_pool2d"
-	opAvgPool2dGrad    = "avg_pool2d_grad"
-	opCrossEntropy     = "cross_entropy"
-	opCrossEntropyGrad = "cross_entropy_grad"
-)
-
-// setSpatialKernels copies the spatial attributes to shape inference's op.
-func setSpatialKernels(k *kernels.Op, sp *spatial) {
-	_ = k
-	_ = sp
-}
-
-// setSpatialWire copies the spatial attributes to the wire op.
-func setSpatialWire(w *codec.Op, sp *spatial) {
-	if sp.reduce != "" {
-		w.Reduce = sp.reduce
-	}
-}
 
 // Conv2dOpts are a 2-D convolution's attributes. Zero values take the
 // defaults: stride 1, padding 0, dilation 1, groups 1.
@@ -43,35 +15,54 @@ type Conv2dOpts struct {
 	Groups                    int
 }
 
-func (o Conv2dOpts) spatial() spatial {
-	sp := spatial{stride: []int{1, 1}, padding: o.Padding[:], dilation: []int{1, 1}, groups: max(o.Groups, 1)}
+func (o Conv2dOpts) op(name string) kernels.Op {
+	k := kernels.Op{Name: name, Stride: []int{1, 1}, Padding: slices.Clone(o.Padding[:]), Dilation: []int{1, 1}, Groups: max(o.Groups, 1)}
 	if o.Stride != [2]int{} {
-		sp.stride = slices.Clone(o.Stride[:])
+		k.Stride = slices.Clone(o.Stride[:])
 	}
 	if o.Dilation != [2]int{} {
-		sp.dilation = slices.Clone(o.Dilation[:])
+		k.Dilation = slices.Clone(o.Dilation[:])
 	}
-	sp.padding = slices.Clone(sp.padding)
-	return sp
+	return k
 }
 
 // Conv2d is the 2-D convolution (cross-correlation, as in PyTorch) of
 // x [N, C, H, W] with weight w [O, C/groups, KH, KW], plus bias b [O] per
-// output channel when b is not nil: y [N, O, OH, OW].
+// output channel when b is not nil: y [N, O, OH, OW] with
+// OH = (H + 2·padding - dilation·(KH-1) - 1)/stride + 1, likewise OW.
 func Conv2d(x, w, b *Tensor, o Conv2dOpts) *Tensor {
 	in := []*Tensor{x, w}
 	if b != nil {
 		in = append(in, b)
 	}
-	return apply(&opDesc{k: kernels.Op{Name: opConv2d}, sp: o.spatial()}, in...)
+	return apply(&opDesc{k: o.op(kernels.OpConv2D)}, in...)
 }
 
-func conv2dInputGrad(dy, w *Tensor, xshape []int, sp spatial) *Tensor {
-	return apply(&opDesc{k: kernels.Op{Name: opConv2dInputGrad, Shape: slices.Clone(xshape)}, sp: sp}, dy, w)
+// windowOp is the forward op's attributes under another op's name, with
+// shape set (the gradient ops' output shape).
+func windowOp(fwd *kernels.Op, name string, shape []int) *kernels.Op {
+	return &kernels.Op{Name: name, Shape: slices.Clone(shape), Stride: fwd.Stride, Padding: fwd.Padding,
+		Dilation: fwd.Dilation, Groups: fwd.Groups, Kernel: fwd.Kernel, Reduce: fwd.Reduce}
 }
 
-func conv2dWeightGrad(x, dy *Tensor, wshape []int, sp spatial) *Tensor {
-	return apply(&opDesc{k: kernels.Op{Name: opConv2dWeightGrad, Shape: slices.Clone(wshape)}, sp: sp}, x, dy)
+func conv2dInputGrad(dy, w *Tensor, xshape []int, fwd *kernels.Op) *Tensor {
+	return apply(&opDesc{k: *windowOp(fwd, kernels.OpConv2DInputGrad, xshape)}, dy, w)
+}
+
+func conv2dWeightGrad(x, dy *Tensor, wshape []int, fwd *kernels.Op) *Tensor {
+	return apply(&opDesc{k: *windowOp(fwd, kernels.OpConv2DWeightGrad, wshape)}, x, dy)
+}
+
+func maxPool2dGrad(dy, x *Tensor, fwd *kernels.Op) *Tensor {
+	return apply(&opDesc{k: *windowOp(fwd, kernels.OpMaxPool2DGrad, nil)}, dy, x)
+}
+
+func avgPool2dGrad(dy *Tensor, xshape []int, fwd *kernels.Op) *Tensor {
+	return apply(&opDesc{k: *windowOp(fwd, kernels.OpAvgPool2DGrad, xshape)}, dy)
+}
+
+func crossEntropyGrad(logits, target, dy *Tensor, fwd *kernels.Op) *Tensor {
+	return apply(&opDesc{k: *windowOp(fwd, kernels.OpCrossEntropyGrad, nil)}, logits, target, dy)
 }
 
 // PoolOpts are a 2-D pooling's attributes: the window (required), the
@@ -81,24 +72,25 @@ type PoolOpts struct {
 	Kernel, Stride, Padding, Dilation [2]int
 }
 
-func (o PoolOpts) spatial(dilation bool) spatial {
-	sp := spatial{kernel: slices.Clone(o.Kernel[:]), stride: slices.Clone(o.Kernel[:]), padding: slices.Clone(o.Padding[:])}
+func (o PoolOpts) op(name string, dilation bool) kernels.Op {
+	k := kernels.Op{Name: name, Kernel: slices.Clone(o.Kernel[:]), Stride: slices.Clone(o.Kernel[:]), Padding: slices.Clone(o.Padding[:])}
 	if o.Stride != [2]int{} {
-		sp.stride = slices.Clone(o.Stride[:])
+		k.Stride = slices.Clone(o.Stride[:])
 	}
 	if dilation {
-		sp.dilation = []int{1, 1}
+		k.Dilation = []int{1, 1}
 		if o.Dilation != [2]int{} {
-			sp.dilation = slices.Clone(o.Dilation[:])
+			k.Dilation = slices.Clone(o.Dilation[:])
 		}
 	}
-	return sp
+	return k
 }
 
 // MaxPool2d is the maximum over windows of x [N, C, H, W] (floor mode;
-// padded positions never win).
+// padded positions never win). Its gradient goes to the first maximum of
+// each window.
 func MaxPool2d(x *Tensor, o PoolOpts) *Tensor {
-	return apply(&opDesc{k: kernels.Op{Name: opMaxPool2d}, sp: o.spatial(true)}, x)
+	return apply(&opDesc{k: o.op(kernels.OpMaxPool2D, true)}, x)
 }
 
 // AvgPool2d is the mean over windows of x [N, C, H, W], dividing by the
@@ -107,14 +99,14 @@ func AvgPool2d(x *Tensor, o PoolOpts) *Tensor {
 	if o.Dilation != [2]int{} && o.Dilation != [2]int{1, 1} {
 		return failed(sessionOf(x), fmt.Errorf("%w: avg_pool2d has no dilation (got %v)", ErrInvalidArgument, o.Dilation))
 	}
-	return apply(&opDesc{k: kernels.Op{Name: opAvgPool2d}, sp: o.spatial(false)}, x)
+	return apply(&opDesc{k: o.op(kernels.OpAvgPool2D, false)}, x)
 }
 
 // Reductions of CrossEntropy.
 const (
-	ReduceMean = "mean"
-	ReduceSum  = "sum"
-	ReduceNone = "none"
+	ReduceMean = kernels.ReduceMean
+	ReduceSum  = kernels.ReduceSum
+	ReduceNone = kernels.ReduceNone
 )
 
 // CrossEntropy is the loss of logits [N, C] against class indices target
@@ -125,7 +117,7 @@ func CrossEntropy(logits, target *Tensor, reduce string) *Tensor {
 	if reduce == "" {
 		reduce = ReduceMean
 	}
-	return apply(&opDesc{k: kernels.Op{Name: opCrossEntropy}, sp: spatial{reduce: reduce}}, logits, target)
+	return apply(&opDesc{k: kernels.Op{Name: kernels.OpCrossEntropy, Reduce: reduce}}, logits, target)
 }
 
 // Dropout zeroes each element of x with probability p and scales the rest
@@ -149,16 +141,4 @@ func sessionOf(x *Tensor) *client.Session {
 		return nil
 	}
 	return x.s
-}
-
-func maxPool2dGrad(dy, x *Tensor, sp spatial) *Tensor {
-	return apply(&opDesc{k: kernels.Op{Name: opMaxPool2dGrad}, sp: sp}, dy, x)
-}
-
-func avgPool2dGrad(dy *Tensor, xshape []int, sp spatial) *Tensor {
-	return apply(&opDesc{k: kernels.Op{Name: opAvgPool2dGrad, Shape: slices.Clone(xshape)}, sp: sp}, dy)
-}
-
-func crossEntropyGrad(logits, target, dy *Tensor, reduce string) *Tensor {
-	return apply(&opDesc{k: kernels.Op{Name: opCrossEntropyGrad}, sp: spatial{reduce: reduce}}, logits, target, dy)
 }

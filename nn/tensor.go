@@ -41,18 +41,10 @@ type node struct {
 	out []*Tensor
 }
 
-// opDesc describes an op once; kernelsOp and wire derive the shape
-// inference's and the wire's forms from it.
+// opDesc describes an op once, as shape inference reads it; wire derives
+// the wire's form from it.
 type opDesc struct {
-	k  kernels.Op
-	sp spatial
-}
-
-// spatial holds the attributes of conv2d, the pools and cross_entropy.
-type spatial struct {
-	stride, padding, dilation, kernel []int
-	groups                            int
-	reduce                            string
+	k kernels.Op
 }
 
 // limits bounds what shape inference accepts here; the worker applies its
@@ -62,7 +54,6 @@ var limits = kernels.DefaultLimits()
 // kernelsOp is d as shape inference reads it.
 func (d *opDesc) kernelsOp() *kernels.Op {
 	k := d.k
-	setSpatialKernels(&k, &d.sp)
 	return &k
 }
 
@@ -76,11 +67,12 @@ func (d *opDesc) wire() codec.Op {
 		Low: k.Low, High: k.High, Mean: k.Mean, Std: k.Std,
 		Starts: k.Starts, Ends: k.Ends, Steps: k.Steps, Pads: k.Pads, Sizes: k.Sizes,
 		K: k.K, Depth: k.Depth, Eps: k.Eps, P: k.P, Num: k.Num, N: k.N, M: k.M,
+		Stride: k.Stride, Padding: k.Padding, Dilation: k.Dilation, Groups: k.Groups,
+		Kernel: k.Kernel, Reduce: k.Reduce,
 	}
 	if k.DType != kernels.Invalid {
 		w.DType = k.DType.String()
 	}
-	setSpatialWire(&w, &d.sp)
 	return w
 }
 
