@@ -19,9 +19,9 @@ import (
 	"github.com/jetfabric/jetfabric/worker/workertest"
 )
 
-// layerFabric starts a broker and a CPU worker serving cpu-0, and returns a
+// ltLayerFabric starts a broker and a CPU worker serving cpu-0, and returns a
 // client connected to it and the worker.
-func layerFabric(t testing.TB) (*client.Client, *worker.Worker) {
+func ltLayerFabric(t testing.TB) (*client.Client, *worker.Worker) {
 	t.Helper()
 	b := brokertest.Run(t)
 	w := workertest.Run(t, b, workertest.CPUs(1), func(c *worker.Config) { c.Heartbeat = 200 * time.Millisecond })
@@ -33,7 +33,7 @@ func layerFabric(t testing.TB) (*client.Client, *worker.Worker) {
 	return c, w
 }
 
-func openSession(t testing.TB, c *client.Client) *client.Session {
+func ltOpenSession(t testing.TB, c *client.Client) *client.Session {
 	t.Helper()
 	s, err := c.Open(context.Background(), "cpu-0")
 	if err != nil {
@@ -43,14 +43,14 @@ func openSession(t testing.TB, c *client.Client) *client.Session {
 	return s
 }
 
-// newSession starts a fabric and opens one session on it.
-func newSession(t testing.TB) *client.Session {
+// ltNewSession starts a fabric and opens one session on it.
+func ltNewSession(t testing.TB) *client.Session {
 	t.Helper()
-	c, _ := layerFabric(t)
-	return openSession(t, c)
+	c, _ := ltLayerFabric(t)
+	return ltOpenSession(t, c)
 }
 
-func fromValues(t testing.TB, s *client.Session, dt kernels.DType, shape []int, v []float64) *nn.Tensor {
+func ltFromValues(t testing.TB, s *client.Session, dt kernels.DType, shape []int, v []float64) *nn.Tensor {
 	t.Helper()
 	x, err := nn.FromValues(context.Background(), s, dt, shape, v)
 	if err != nil {
@@ -59,7 +59,7 @@ func fromValues(t testing.TB, s *client.Session, dt kernels.DType, shape []int, 
 	return x
 }
 
-func values(t testing.TB, x *nn.Tensor) []float64 {
+func ltValues(t testing.TB, x *nn.Tensor) []float64 {
 	t.Helper()
 	v, err := x.Float64s(context.Background())
 	if err != nil {
@@ -68,8 +68,8 @@ func values(t testing.TB, x *nn.Tensor) []float64 {
 	return v
 }
 
-// randoms returns n values of U(-1, 1), rounded to f32, from a fixed seed.
-func randoms(seed uint64, n int) []float64 {
+// ltRandoms returns n values of U(-1, 1), rounded to f32, from a fixed seed.
+func ltRandoms(seed uint64, n int) []float64 {
 	r := rand.New(rand.NewPCG(seed, 1))
 	v := make([]float64, n)
 	for i := range v {
@@ -78,7 +78,7 @@ func randoms(seed uint64, n int) []float64 {
 	return v
 }
 
-func closeTo(t testing.TB, what string, got, want []float64, tol float64) {
+func ltCloseTo(t testing.TB, what string, got, want []float64, tol float64) {
 	t.Helper()
 	if len(got) != len(want) {
 		t.Fatalf("%s: %d values, want %d", what, len(got), len(want))
@@ -90,9 +90,9 @@ func closeTo(t testing.TB, what string, got, want []float64, tol float64) {
 	}
 }
 
-// probes are the smallest valid uses of the ops that a build may not run
+// ltProbes are the smallest valid uses of the ops that a build may not run
 // yet (the spatial ops came with the training stack).
-var probes = map[string]func(s *client.Session) *nn.Tensor{
+var ltProbes = map[string]func(s *client.Session) *nn.Tensor{
 	"conv2d": func(s *client.Session) *nn.Tensor {
 		one := nn.Ones(s, kernels.Float32, []int{1, 1, 1, 1})
 		return nn.Conv2d(one, one, nil, nn.Conv2dOpts{})
@@ -105,10 +105,10 @@ var probes = map[string]func(s *client.Session) *nn.Tensor{
 	},
 }
 
-// canRun reports whether the worker behind s runs op, by running its probe.
-func canRun(t testing.TB, s *client.Session, op string) error {
+// ltCanRun reports whether the worker behind s runs op, by running its probe.
+func ltCanRun(t testing.TB, s *client.Session, op string) error {
 	t.Helper()
-	y := probes[op](s)
+	y := ltProbes[op](s)
 	if err := y.Err(); err != nil {
 		return err
 	}
@@ -116,17 +116,17 @@ func canRun(t testing.TB, s *client.Session, op string) error {
 	return err
 }
 
-// needOp skips t when this build cannot run op yet.
-func needOp(t *testing.T, s *client.Session, op string) {
+// ltNeedOp skips t when this build cannot run op yet.
+func ltNeedOp(t *testing.T, s *client.Session, op string) {
 	t.Helper()
-	if err := canRun(t, s, op); err != nil {
+	if err := ltCanRun(t, s, op); err != nil {
 		t.Skipf("this build cannot run %s: %v", op, err)
 	}
 }
 
 // Reference implementations in float64, over row-major slices.
 
-func refLinear(x []float64, rows int, w, b []float64, in, out int) []float64 {
+func ltRefLinear(x []float64, rows int, w, b []float64, in, out int) []float64 {
 	y := make([]float64, rows*out)
 	for r := range rows {
 		for o := range out {
@@ -143,15 +143,15 @@ func refLinear(x []float64, rows int, w, b []float64, in, out int) []float64 {
 	return y
 }
 
-type convShape struct {
+type ltConvShape struct {
 	n, c, h, w, o, kh, kw, sh, sw, ph, pw, dh, dw, g int
 }
 
-func (s convShape) out() (int, int) {
+func (s ltConvShape) out() (int, int) {
 	return (s.h+2*s.ph-s.dh*(s.kh-1)-1)/s.sh + 1, (s.w+2*s.pw-s.dw*(s.kw-1)-1)/s.sw + 1
 }
 
-func refConv(x, w, b []float64, s convShape) []float64 {
+func ltRefConv(x, w, b []float64, s ltConvShape) []float64 {
 	oh, ow := s.out()
 	cg, og := s.c/s.g, s.o/s.g
 	y := make([]float64, s.n*s.o*oh*ow)
@@ -185,7 +185,7 @@ func refConv(x, w, b []float64, s convShape) []float64 {
 	return y
 }
 
-func refPool(x []float64, n, c, h, w int, o nn.PoolOpts, isMax bool) []float64 {
+func ltRefPool(x []float64, n, c, h, w int, o nn.PoolOpts, isMax bool) []float64 {
 	st := o.Stride
 	if st == [2]int{} {
 		st = o.Kernel
@@ -229,7 +229,7 @@ func refPool(x []float64, n, c, h, w int, o nn.PoolOpts, isMax bool) []float64 {
 	return y
 }
 
-func refLayerNorm(x []float64, k int, w, b []float64, eps float64) []float64 {
+func ltRefLayerNorm(x []float64, k int, w, b []float64, eps float64) []float64 {
 	y := make([]float64, len(x))
 	for r := 0; r < len(x); r += k {
 		row := x[r : r+k]
@@ -249,7 +249,7 @@ func refLayerNorm(x []float64, k int, w, b []float64, eps float64) []float64 {
 	return y
 }
 
-func mapf(x []float64, f func(float64) float64) []float64 {
+func ltMapf(x []float64, f func(float64) float64) []float64 {
 	y := make([]float64, len(x))
 	for i, v := range x {
 		y[i] = f(v)
@@ -257,16 +257,16 @@ func mapf(x []float64, f func(float64) float64) []float64 {
 	return y
 }
 
-func gelu(x float64) float64 { return 0.5 * x * (1 + math.Erf(x/math.Sqrt2)) }
-func geluTanh(x float64) float64 {
+func ltGelu(x float64) float64 { return 0.5 * x * (1 + math.Erf(x/math.Sqrt2)) }
+func ltGeluTanh(x float64) float64 {
 	return 0.5 * x * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(x+0.044715*x*x*x)))
 }
-func silu(x float64) float64 { return x / (1 + math.Exp(-x)) }
+func ltSilu(x float64) float64 { return x / (1 + math.Exp(-x)) }
 
 // TestLayerForward runs each layer on the worker and compares its output
 // with a float64 reference computed here from the parameters read back.
 func TestLayerForward(t *testing.T) {
-	s := newSession(t)
+	s := ltNewSession(t)
 	s.Seed(11)
 	tests := []struct {
 		name  string
@@ -280,18 +280,18 @@ func TestLayerForward(t *testing.T) {
 		name:  "Linear 2-D",
 		layer: func() (nn.Layer, error) { return nn.NewLinear(s, 5, 3) },
 		shape: []int{4, 5},
-		ref:   func(x []float64, p [][]float64) []float64 { return refLinear(x, 4, p[0], p[1], 5, 3) },
+		ref:   func(x []float64, p [][]float64) []float64 { return ltRefLinear(x, 4, p[0], p[1], 5, 3) },
 	}, {
 		name:  "Linear batched, no bias",
 		layer: func() (nn.Layer, error) { return nn.NewLinear(s, 4, 2, nn.WithoutBias()) },
 		shape: []int{2, 3, 4},
-		ref:   func(x []float64, p [][]float64) []float64 { return refLinear(x, 6, p[0], nil, 4, 2) },
+		ref:   func(x []float64, p [][]float64) []float64 { return ltRefLinear(x, 6, p[0], nil, 4, 2) },
 	}, {
 		name:  "Linear f64",
 		layer: func() (nn.Layer, error) { return nn.NewLinear(s, 3, 3, nn.WithDType(kernels.Float64)) },
 		shape: []int{2, 3},
 		dt:    kernels.Float64,
-		ref:   func(x []float64, p [][]float64) []float64 { return refLinear(x, 2, p[0], p[1], 3, 3) },
+		ref:   func(x []float64, p [][]float64) []float64 { return ltRefLinear(x, 2, p[0], p[1], 3, 3) },
 		tol:   1e-12,
 	}, {
 		name: "Conv2d stride padding",
@@ -301,7 +301,7 @@ func TestLayerForward(t *testing.T) {
 		},
 		shape: []int{2, 2, 5, 6},
 		ref: func(x []float64, p [][]float64) []float64 {
-			return refConv(x, p[0], p[1], convShape{n: 2, c: 2, h: 5, w: 6, o: 3, kh: 3, kw: 3, sh: 2, sw: 1, ph: 1, pw: 1, dh: 1, dw: 1, g: 1})
+			return ltRefConv(x, p[0], p[1], ltConvShape{n: 2, c: 2, h: 5, w: 6, o: 3, kh: 3, kw: 3, sh: 2, sw: 1, ph: 1, pw: 1, dh: 1, dw: 1, g: 1})
 		},
 	}, {
 		name: "Conv2d groups dilation, no bias",
@@ -311,7 +311,7 @@ func TestLayerForward(t *testing.T) {
 		},
 		shape: []int{1, 4, 5, 4},
 		ref: func(x []float64, p [][]float64) []float64 {
-			return refConv(x, p[0], nil, convShape{n: 1, c: 4, h: 5, w: 4, o: 2, kh: 2, kw: 2, sh: 1, sw: 1, dh: 2, dw: 1, g: 2})
+			return ltRefConv(x, p[0], nil, ltConvShape{n: 1, c: 4, h: 5, w: 4, o: 2, kh: 2, kw: 2, sh: 1, sw: 1, dh: 2, dw: 1, g: 2})
 		},
 	}, {
 		name:  "MaxPool2d",
@@ -319,7 +319,7 @@ func TestLayerForward(t *testing.T) {
 		layer: func() (nn.Layer, error) { return nn.NewMaxPool2d(nn.PoolOpts{Kernel: [2]int{2, 2}}), nil },
 		shape: []int{2, 3, 4, 5},
 		ref: func(x []float64, _ [][]float64) []float64 {
-			return refPool(x, 2, 3, 4, 5, nn.PoolOpts{Kernel: [2]int{2, 2}}, true)
+			return ltRefPool(x, 2, 3, 4, 5, nn.PoolOpts{Kernel: [2]int{2, 2}}, true)
 		},
 	}, {
 		name: "MaxPool2d stride padding",
@@ -329,7 +329,7 @@ func TestLayerForward(t *testing.T) {
 		},
 		shape: []int{1, 2, 5, 5},
 		ref: func(x []float64, _ [][]float64) []float64 {
-			return refPool(x, 1, 2, 5, 5, nn.PoolOpts{Kernel: [2]int{3, 3}, Stride: [2]int{2, 2}, Padding: [2]int{1, 1}}, true)
+			return ltRefPool(x, 1, 2, 5, 5, nn.PoolOpts{Kernel: [2]int{3, 3}, Stride: [2]int{2, 2}, Padding: [2]int{1, 1}}, true)
 		},
 	}, {
 		name: "AvgPool2d padding counted",
@@ -339,44 +339,44 @@ func TestLayerForward(t *testing.T) {
 		},
 		shape: []int{2, 1, 4, 5},
 		ref: func(x []float64, _ [][]float64) []float64 {
-			return refPool(x, 2, 1, 4, 5, nn.PoolOpts{Kernel: [2]int{2, 3}, Stride: [2]int{1, 2}, Padding: [2]int{1, 1}}, false)
+			return ltRefPool(x, 2, 1, 4, 5, nn.PoolOpts{Kernel: [2]int{2, 3}, Stride: [2]int{1, 2}, Padding: [2]int{1, 1}}, false)
 		},
 	}, {
 		name:  "LayerNorm",
 		layer: func() (nn.Layer, error) { return nn.NewLayerNorm(s, []int{6}, 0) },
 		shape: []int{2, 3, 6},
 		ref: func(x []float64, p [][]float64) []float64 {
-			return refLayerNorm(x, 6, p[0], p[1], 1e-5)
+			return ltRefLayerNorm(x, 6, p[0], p[1], 1e-5)
 		},
 	}, {
 		name:  "LayerNorm two axes",
 		layer: func() (nn.Layer, error) { return nn.NewLayerNorm(s, []int{2, 3}, 1e-3) },
 		shape: []int{4, 2, 3},
 		ref: func(x []float64, p [][]float64) []float64 {
-			return refLayerNorm(x, 6, p[0], p[1], 1e-3)
+			return ltRefLayerNorm(x, 6, p[0], p[1], 1e-3)
 		},
 	}, {
 		name:  "ReLU",
 		layer: func() (nn.Layer, error) { return nn.ReLU{}, nil },
 		shape: []int{3, 4},
 		ref: func(x []float64, _ [][]float64) []float64 {
-			return mapf(x, func(v float64) float64 { return math.Max(v, 0) })
+			return ltMapf(x, func(v float64) float64 { return math.Max(v, 0) })
 		},
 	}, {
 		name:  "GELU",
 		layer: func() (nn.Layer, error) { return nn.GELU{}, nil },
 		shape: []int{3, 4},
-		ref:   func(x []float64, _ [][]float64) []float64 { return mapf(x, gelu) },
+		ref:   func(x []float64, _ [][]float64) []float64 { return ltMapf(x, ltGelu) },
 	}, {
 		name:  "GELU tanh",
 		layer: func() (nn.Layer, error) { return nn.GELU{Approximate: "tanh"}, nil },
 		shape: []int{7},
-		ref:   func(x []float64, _ [][]float64) []float64 { return mapf(x, geluTanh) },
+		ref:   func(x []float64, _ [][]float64) []float64 { return ltMapf(x, ltGeluTanh) },
 	}, {
 		name:  "SiLU",
 		layer: func() (nn.Layer, error) { return nn.SiLU{}, nil },
 		shape: []int{2, 2, 2},
-		ref:   func(x []float64, _ [][]float64) []float64 { return mapf(x, silu) },
+		ref:   func(x []float64, _ [][]float64) []float64 { return ltMapf(x, ltSilu) },
 	}, {
 		name:  "Flatten",
 		layer: func() (nn.Layer, error) { return nn.NewFlatten(), nil },
@@ -399,37 +399,37 @@ func TestLayerForward(t *testing.T) {
 		},
 		shape: []int{5, 3},
 		ref: func(x []float64, p [][]float64) []float64 {
-			h := mapf(refLinear(x, 5, p[0], p[1], 3, 4), func(v float64) float64 { return math.Max(v, 0) })
-			return refLinear(h, 5, p[2], p[3], 4, 2)
+			h := ltMapf(ltRefLinear(x, 5, p[0], p[1], 3, 4), func(v float64) float64 { return math.Max(v, 0) })
+			return ltRefLinear(h, 5, p[2], p[3], 4, 2)
 		},
 	}}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			if tt.op != "" {
-				needOp(t, s, tt.op)
+				ltNeedOp(t, s, tt.op)
 			}
-			dt := cmpOr(tt.dt, kernels.Float32)
-			tol := cmpOr(tt.tol, 1e-5)
+			dt := ltCmpOr(tt.dt, kernels.Float32)
+			tol := ltCmpOr(tt.tol, 1e-5)
 			l, err := tt.layer()
 			if err != nil {
 				t.Fatal(err)
 			}
-			xv := randoms(uint64(i), kernels.Numel(tt.shape))
-			x := fromValues(t, s, dt, tt.shape, xv)
+			xv := ltRandoms(uint64(i), kernels.Numel(tt.shape))
+			x := ltFromValues(t, s, dt, tt.shape, xv)
 			y, err := l.Forward(x)
 			if err != nil {
 				t.Fatal(err)
 			}
 			var ps [][]float64
 			for _, p := range l.Params() {
-				ps = append(ps, values(t, p.T))
+				ps = append(ps, ltValues(t, p.T))
 			}
-			closeTo(t, tt.name, values(t, y), tt.ref(xv, ps), tol)
+			ltCloseTo(t, tt.name, ltValues(t, y), tt.ref(xv, ps), tol)
 		})
 	}
 }
 
-func cmpOr[T comparable](a, b T) T {
+func ltCmpOr[T comparable](a, b T) T {
 	var zero T
 	if a != zero {
 		return a
@@ -438,13 +438,13 @@ func cmpOr[T comparable](a, b T) T {
 }
 
 func TestEmbeddingForward(t *testing.T) {
-	s := newSession(t)
+	s := ltNewSession(t)
 	e, err := nn.NewEmbedding(s, 5, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, dt := range []kernels.DType{kernels.Int64, kernels.Int32} {
-		idx := fromValues(t, s, dt, []int{2, 2}, []float64{4, 0, 2, 4})
+		idx := ltFromValues(t, s, dt, []int{2, 2}, []float64{4, 0, 2, 4})
 		y, err := e.Forward(idx)
 		if err != nil {
 			t.Fatal(err)
@@ -452,25 +452,25 @@ func TestEmbeddingForward(t *testing.T) {
 		if !slices.Equal(y.Shape(), []int{2, 2, 3}) {
 			t.Fatalf("Embedding of [2 2] has shape %v, want [2 2 3]", y.Shape())
 		}
-		w := values(t, e.Weight.T)
+		w := ltValues(t, e.Weight.T)
 		var want []float64
 		for _, i := range []int{4, 0, 2, 4} {
 			want = append(want, w[3*i:3*i+3]...)
 		}
-		closeTo(t, "Embedding "+dt.String(), values(t, y), want, 0)
+		ltCloseTo(t, "Embedding "+dt.String(), ltValues(t, y), want, 0)
 	}
 }
 
 func TestDropoutTraining(t *testing.T) {
-	s := newSession(t)
+	s := ltNewSession(t)
 	d := nn.NewDropout(0.25)
-	x := fromValues(t, s, kernels.Float32, []int{400}, slices.Repeat([]float64{3}, 400))
+	x := ltFromValues(t, s, kernels.Float32, []int{400}, slices.Repeat([]float64{3}, 400))
 	y, err := d.Forward(x)
 	if err != nil {
 		t.Fatal(err)
 	}
 	zeros := 0
-	for i, v := range values(t, y) {
+	for i, v := range ltValues(t, y) {
 		switch v {
 		case 0:
 			zeros++
@@ -489,15 +489,15 @@ func TestDropoutTraining(t *testing.T) {
 // weights are the worker's counter-based uniform draw, and another seed
 // gives other weights.
 func TestInitSeeded(t *testing.T) {
-	c, _ := layerFabric(t)
+	c, _ := ltLayerFabric(t)
 	build := func(seed uint64) (*nn.Linear, []float64, []float64) {
-		s := openSession(t, c)
+		s := ltOpenSession(t, c)
 		s.Seed(seed)
 		l, err := nn.NewLinear(s, 16, 4)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return l, values(t, l.Weight.T), values(t, l.Bias.T)
+		return l, ltValues(t, l.Weight.T), ltValues(t, l.Bias.T)
 	}
 	l, w1, b1 := build(5)
 	_, w2, b2 := build(5)
@@ -525,7 +525,7 @@ func TestInitSeeded(t *testing.T) {
 }
 
 func TestSequentialNames(t *testing.T) {
-	s := newSession(t)
+	s := ltNewSession(t)
 	must := func(l nn.Layer, err error) nn.Layer {
 		if err != nil {
 			t.Fatal(err)
@@ -552,7 +552,7 @@ func TestSequentialNames(t *testing.T) {
 // TestLayerShapeErrors feeds each layer a wrong input: the error names the
 // layer and both shapes, and the layer enqueues nothing.
 func TestLayerShapeErrors(t *testing.T) {
-	s := newSession(t)
+	s := ltNewSession(t)
 	lin, err := nn.NewLinear(s, 784, 512)
 	if err != nil {
 		t.Fatal(err)
@@ -590,7 +590,7 @@ func TestLayerShapeErrors(t *testing.T) {
 		{nn.NewFlatten(), f32(3), `nn: Flatten(start_dim=1, end_dim=-1) fed shape [3]: want at least 2 axes`, false, kernels.ErrShape},
 		{nn.NewSequential(nn.ReLU{}, lin), f32(1, 783), `nn: Linear(784->512) fed shape [1 783]: want [..., 784]`, false, kernels.ErrShape},
 	}
-	if canRun(t, s, "max_pool2d") == nil {
+	if ltCanRun(t, s, "max_pool2d") == nil {
 		tests = append(tests, struct {
 			layer nn.Layer
 			x     *nn.Tensor
@@ -620,7 +620,7 @@ func TestLayerShapeErrors(t *testing.T) {
 }
 
 func TestLayerBadConstruction(t *testing.T) {
-	s := newSession(t)
+	s := ltNewSession(t)
 	for i, f := range []func() error{
 		func() error { _, err := nn.NewLinear(s, 0, 3); return err },
 		func() error { _, err := nn.NewLinear(s, 3, 3, nn.WithDType(kernels.Int32)); return err },
