@@ -589,15 +589,8 @@ func TestLayerShapeErrors(t *testing.T) {
 		{nn.ReLU{}, nn.Zeros(s, kernels.Int32, []int{2}), `nn: ReLU() fed i32[2]: want a float tensor`, false, kernels.ErrDType},
 		{nn.NewFlatten(), f32(3), `nn: Flatten(start_dim=1, end_dim=-1) fed shape [3]: want at least 2 axes`, false, kernels.ErrShape},
 		{nn.NewSequential(nn.ReLU{}, lin), f32(1, 783), `nn: Linear(784->512) fed shape [1 783]: want [..., 784]`, false, kernels.ErrShape},
-	}
-	if ltCanRun(t, s, "max_pool2d") == nil {
-		tests = append(tests, struct {
-			layer nn.Layer
-			x     *nn.Tensor
-			want  string
-			re    bool
-			is    error
-		}{nn.NewMaxPool2d(nn.PoolOpts{Kernel: [2]int{5, 5}}), f32(1, 1, 4, 4), `^nn: MaxPool2d\(kernel_size=\[5 5\]\): .*`, true, kernels.ErrShape})
+		{nn.NewMaxPool2d(nn.PoolOpts{Kernel: [2]int{5, 5}}), f32(1, 1, 4, 4), `^nn: MaxPool2d\(kernel_size=\[5 5\]\): .*`, true, kernels.ErrShape},
+		{conv, f32(1, 3, 2, 2), `^nn: Conv2d\(3, 8, kernel_size=\[3 3\]\): .*`, true, kernels.ErrShape},
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprint(tt.layer), func(t *testing.T) {
