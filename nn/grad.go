@@ -50,7 +50,11 @@ func Backward(loss *Tensor) error {
 		return err
 	}
 	grads := map[*Tensor]*Tensor{loss: Ones(loss.s, loss.meta.DType, loss.meta.Shape)}
-	var orphans []*Tensor // gradient tensors made but not kept (freed at the end)
+	// orphans are the gradient tensors made, which may end up in no
+	// leaf's gradient (a rule need not use what it is given, nor what it
+	// makes for an input that requires none): the walk that frees starts
+	// from them too.
+	var orphans []*Tensor
 	var leaves []*Tensor
 	err = func() error {
 		for i := len(order) - 1; i >= 0; i-- {
@@ -59,7 +63,10 @@ func Backward(loss *Tensor) error {
 			some := false
 			for j, o := range n.out {
 				gout[j] = grads[o]
-				some = some || gout[j] != nil
+				if gout[j] != nil {
+					some = true
+					orphans = append(orphans, gout[j])
+				}
 			}
 			if !some {
 				continue
@@ -74,15 +81,14 @@ func Backward(loss *Tensor) error {
 					continue
 				}
 				g := gin[j]
+				orphans = append(orphans, g)
 				if !x.reqGrad {
-					orphans = append(orphans, g)
 					continue
 				}
 				if g.err != nil {
 					return fmt.Errorf("nn: gradient of %s input %d: %w", n.op.k.Name, j, g.err)
 				}
 				if g.meta.DType != x.meta.DType || !slices.Equal(g.meta.Shape, x.meta.Shape) {
-					orphans = append(orphans, g)
 					return fmt.Errorf("nn: the gradient rule of %s gave %v for input %d of %v", n.op.k.Name, g, j, x)
 				}
 				if prev := grads[x]; prev != nil {

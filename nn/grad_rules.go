@@ -93,11 +93,11 @@ func init() {
 		kernels.OpClamp: clampRule,
 
 		// Reductions.
-		kernels.OpSum:       reduction(func(x, yk, gk *Tensor, axes []int) *Tensor { return Expand(gk, x.meta.Shape...) }),
+		kernels.OpSum:       reduction(func(x *Tensor, yk func() *Tensor, gk *Tensor, axes []int) *Tensor { return Expand(gk, x.meta.Shape...) }),
 		kernels.OpMean:      reduction(meanGrad),
 		kernels.OpMax:       reduction(extremumGrad),
 		kernels.OpMin:       reduction(extremumGrad),
-		kernels.OpLogsumexp: reduction(func(x, yk, gk *Tensor, axes []int) *Tensor { return Mul(gk, Exp(Sub(x, yk))) }),
+		kernels.OpLogsumexp: reduction(func(x *Tensor, yk func() *Tensor, gk *Tensor, axes []int) *Tensor { return Mul(gk, Exp(Sub(x, yk()))) }),
 		kernels.OpVar:       varRule,
 
 		kernels.OpSoftmax: unary(func(x, y, g *Tensor) *Tensor {
@@ -287,16 +287,18 @@ func clampRule(n *node, g []*Tensor) []*Tensor {
 }
 
 // reduction adapts a reduction's rule: f gets x, the output and its
-// gradient with the reduced axes kept (so they broadcast against x), and
-// the normalised axes.
-func reduction(f func(x, yk, gk *Tensor, axes []int) *Tensor) rule {
+// gradient with the reduced axes kept (so they broadcast against x; the
+// output is reshaped only if f asks for it), and the normalised axes.
+func reduction(f func(x *Tensor, yk func() *Tensor, gk *Tensor, axes []int) *Tensor) rule {
 	return func(n *node, g []*Tensor) []*Tensor {
 		x, y := n.in[0], n.out[0]
 		axes, _ := kernels.NormAxes(n.op.k.Axes, len(x.meta.Shape))
 		keep := kernels.ReduceShape(x.meta.Shape, axes, true)
-		yk, gk := y, g[0]
+		gk := g[0]
+		yk := func() *Tensor { return y }
 		if !slices.Equal(y.meta.Shape, keep) {
-			yk, gk = Reshape(y, keep...), Reshape(g[0], keep...)
+			gk = Reshape(g[0], keep...)
+			yk = func() *Tensor { return Reshape(y, keep...) }
 		}
 		return []*Tensor{f(x, yk, gk, axes)}
 	}
@@ -310,7 +312,7 @@ func count(shape, axes []int) int {
 	return c
 }
 
-func meanGrad(x, yk, gk *Tensor, axes []int) *Tensor {
+func meanGrad(x *Tensor, _ func() *Tensor, gk *Tensor, axes []int) *Tensor {
 	c := count(x.meta.Shape, axes)
 	if c == 0 {
 		return zerosLike(x)
@@ -320,13 +322,13 @@ func meanGrad(x, yk, gk *Tensor, axes []int) *Tensor {
 
 // extremumGrad is max's and min's: the gradient is split evenly between
 // the elements equal to the result (as PyTorch's amax and amin do).
-func extremumGrad(x, yk, gk *Tensor, axes []int) *Tensor {
-	m := mask(Eq(x, yk), x)
+func extremumGrad(x *Tensor, yk func() *Tensor, gk *Tensor, axes []int) *Tensor {
+	m := mask(Eq(x, yk()), x)
 	return Mul(gk, Div(m, Sum(m, axes, true)))
 }
 
 func varRule(n *node, g []*Tensor) []*Tensor {
-	return reduction(func(x, yk, gk *Tensor, axes []int) *Tensor {
+	return reduction(func(x *Tensor, _ func() *Tensor, gk *Tensor, axes []int) *Tensor {
 		d := count(x.meta.Shape, axes) - n.op.k.Correction
 		xc := Sub(x, Mean(x, axes, true))
 		return Mul(gk, ScalarMul(xc, 2/float64(d)))

@@ -11,6 +11,7 @@ import (
 	"github.com/jetfabric/jetfabric/client"
 	"github.com/jetfabric/jetfabric/kernels"
 	"github.com/jetfabric/jetfabric/nn"
+	"github.com/jetfabric/jetfabric/worker"
 )
 
 // The gradient check: every rule, on random shapes (broadcasting
@@ -114,6 +115,8 @@ func (c *collector) add(t *nn.Tensor) int {
 	return i
 }
 
+// read reads everything collected, then releases it and the graphs it
+// came from.
 func (c *collector) read(t testing.TB) func(i int) []float64 {
 	t.Helper()
 	ctx := context.Background()
@@ -121,10 +124,12 @@ func (c *collector) read(t testing.TB) func(i int) []float64 {
 	const chunk = 256
 	for lo := 0; lo < len(c.ts); lo += chunk {
 		part := c.ts[lo:min(lo+chunk, len(c.ts))]
-		v, err := nn.Concat(0, part...).Float64s(ctx)
+		cat := nn.Concat(0, part...)
+		v, err := cat.Float64s(ctx)
 		if err != nil {
 			t.Fatalf("read: %v", err)
 		}
+		nn.Release(cat)
 		all = append(all, v...)
 	}
 	return func(i int) []float64 {
@@ -148,12 +153,21 @@ type pending struct {
 
 // check runs cases on s: it enqueues every case's forward, Backward and
 // perturbed forwards, then reads everything and compares.
-func check(t *testing.T, s *client.Session, seed uint64, cases []gcase) {
+//
+// At the end, when the reads' graphs are released, the worker must hold
+// the leaves and nothing else: a rule that leaves a tensor behind fails
+// the check.
+func check(t *testing.T, s *client.Session, w *worker.Worker, seed uint64, cases []gcase) {
 	t.Helper()
 	ctx := context.Background()
 	r := rand.New(rand.NewPCG(seed, 99))
 	var col collector
 	var ps []pending
+	var leaves []*nn.Tensor
+	if err := s.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	base := heldBytes(t, w)
 	for _, c := range cases {
 		vals := c.values
 		if vals == nil {
@@ -167,6 +181,7 @@ func check(t *testing.T, s *client.Session, seed uint64, cases []gcase) {
 			if err != nil {
 				t.Fatalf("%s: upload: %v", c.name, err)
 			}
+			leaves = append(leaves, x)
 			return x
 		}
 		xs := make([]*nn.Tensor, len(c.ins))
@@ -194,6 +209,7 @@ func check(t *testing.T, s *client.Session, seed uint64, cases []gcase) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			leaves = append(leaves, ws[j])
 		}
 		lossOf := func(outs []*nn.Tensor) *nn.Tensor {
 			var loss *nn.Tensor
@@ -210,9 +226,11 @@ func check(t *testing.T, s *client.Session, seed uint64, cases []gcase) {
 			}
 			return loss
 		}
-		if err := nn.Backward(lossOf(outs)); err != nil {
+		loss := lossOf(outs)
+		if err := nn.Backward(loss); err != nil {
 			t.Fatalf("%s: Backward: %v", c.name, err)
 		}
+		loss.Free()
 		p := pending{name: c.name, tol: c.tol, eps: c.eps}
 		if p.eps == 0 {
 			p.eps = 1e-6
@@ -225,6 +243,7 @@ func check(t *testing.T, s *client.Session, seed uint64, cases []gcase) {
 				t.Fatalf("%s: input %d has no gradient", c.name, i)
 			}
 			p.grads = append(p.grads, col.add(x.Grad()))
+			leaves = append(leaves, x.Grad())
 			// Central differences, element by element.
 			var d [2][]int
 			for e := range vals[i] {
@@ -243,6 +262,14 @@ func check(t *testing.T, s *client.Session, seed uint64, cases []gcase) {
 	}
 	t.Logf("%d cases, %d tensors read", len(ps), len(col.ts))
 	get := col.read(t)
+	if err := s.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var want int64
+	for _, x := range leaves {
+		want += int64(x.Meta().Bytes())
+	}
+	expectBytes(t, w, base+want, "after the reads, with only the leaves left (a rule that leaves tensors behind fails here)")
 	for _, p := range ps {
 		atol, rtol := 1e-6, 1e-5
 		if p.tol != 0 {
@@ -493,21 +520,24 @@ func spatialCases() []gcase {
 
 // runs reports whether the worker runs the op that f makes.
 func runs(s *client.Session, f func() *nn.Tensor) error {
-	_, err := f().Float64s(context.Background())
+	y := f()
+	_, err := y.Float64s(context.Background())
+	nn.Release(y)
 	return err
 }
 
 func TestGradCheck(t *testing.T) {
-	s, _ := fabric(t)
+	_, s, w := fabric(t)
 	cs := cases(rand.New(rand.NewPCG(1, 2)))
 	probe := func() *nn.Tensor {
 		x := nn.Ones(s, kernels.Float64, []int{1, 1, 2, 2})
 		return nn.Conv2d(x, nn.Ones(s, kernels.Float64, []int{1, 1, 1, 1}), nil, nn.Conv2dOpts{})
 	}
-	if err := runs(s, probe); err != nil {
+	err := runs(s, probe)
+	if err != nil {
 		t.Logf("the worker cannot run conv2d (%v): convolution, pooling and cross-entropy not checked", err)
 	} else {
 		cs = append(cs, spatialCases()...)
 	}
-	check(t, s, 1, cs)
+	check(t, s, w, 1, cs)
 }
