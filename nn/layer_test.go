@@ -632,3 +632,75 @@ func TestLayerBadConstruction(t *testing.T) {
 		}
 	}
 }
+
+// TestLayerBackward checks that Backward reaches every parameter of every
+// layer (each op a layer uses has a gradient rule), and for Linear that the
+// gradients are the analytic ones of loss = sum(y²).
+func TestLayerBackward(t *testing.T) {
+	s := ltNewSession(t)
+	s.Seed(4)
+	must := func(l nn.Layer, err error) nn.Layer {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	f32 := func(shape ...int) *nn.Tensor {
+		return ltFromValues(t, s, kernels.Float32, shape, ltRandoms(uint64(len(shape)), kernels.Numel(shape)))
+	}
+	tests := []struct {
+		name  string
+		needs string
+		layer nn.Layer
+		x     *nn.Tensor
+	}{
+		{"Linear", "", must(nn.NewLinear(s, 3, 2)), f32(4, 3)},
+		{"LayerNorm", "", must(nn.NewLayerNorm(s, []int{3}, 0)), f32(2, 3)},
+		{"Embedding", "", must(nn.NewEmbedding(s, 4, 3)), ltFromValues(t, s, kernels.Int64, []int{2, 2}, []float64{1, 3, 3, 0})},
+		{"Conv2d", "conv2d", must(nn.NewConv2d(s, 2, 2, [2]int{2, 2}, nn.Conv2dOpts{})), f32(1, 2, 3, 3)},
+		{"Sequential with dropout", "", nn.NewSequential(must(nn.NewLinear(s, 3, 4)), nn.NewDropout(0.5), nn.GELU{}, nn.NewFlatten(), must(nn.NewLinear(s, 4, 1))), f32(5, 3)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.needs != "" {
+				ltNeedOp(t, s, tt.needs)
+			}
+			y, err := tt.layer.Forward(tt.x)
+			if err != nil {
+				t.Fatal(err)
+			}
+			y.Retain()
+			loss := nn.Sum(nn.Mul(y, y), nil, false)
+			if err := nn.Backward(loss); err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range tt.layer.Params() {
+				g := p.T.Grad()
+				if g == nil || !slices.Equal(g.Shape(), p.T.Shape()) {
+					t.Fatalf("%s: gradient %v for %v", p.Name, g, p.T)
+				}
+				for _, v := range ltValues(t, g) {
+					if math.IsNaN(v) || math.IsInf(v, 0) {
+						t.Fatalf("%s: gradient holds %v", p.Name, v)
+					}
+				}
+			}
+			if l, ok := tt.layer.(*nn.Linear); ok {
+				x, yv := ltValues(t, tt.x), ltValues(t, y)
+				gw := make([]float64, l.Out*l.In)
+				gb := make([]float64, l.Out)
+				for r := range len(yv) / l.Out {
+					for o := range l.Out {
+						gb[o] += 2 * yv[r*l.Out+o]
+						for i := range l.In {
+							gw[o*l.In+i] += 2 * yv[r*l.Out+o] * x[r*l.In+i]
+						}
+					}
+				}
+				ltCloseTo(t, "dW", ltValues(t, l.Weight.T.Grad()), gw, 1e-5)
+				ltCloseTo(t, "db", ltValues(t, l.Bias.T.Grad()), gb, 1e-5)
+			}
+		})
+	}
+}
