@@ -294,6 +294,39 @@ func TestBackwardFreesIntermediates(t *testing.T) {
 	t.Logf("loss %.4f -> %.4f", first, last)
 }
 
+// TestBackwardErrorFreesItsOwn: a Backward that fails (here on an op
+// without a rule) frees the gradient ops it had enqueued and leaves the
+// graph as it was.
+func TestBackwardErrorFreesItsOwn(t *testing.T) {
+	_, s, w := fabric(t)
+	ctx := context.Background()
+	x := upload(t, s, kernels.Float64, []int{4}).RequireGrad()
+	loss := nn.Sum(nn.Exp(nn.Prod(nn.Reshape(x, 2, 2), []int{1}, false)), nil, false)
+	if err := s.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// x, its reshape, prod, exp, sum: 32 + 32 + 16 + 16 + 8 bytes.
+	expectBytes(t, w, 104, "before Backward")
+	if err := nn.Backward(loss); !errors.Is(err, nn.ErrNoRule) {
+		t.Fatalf("Backward: %v, want ErrNoRule", err)
+	}
+	if err := s.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	expectBytes(t, w, 104, "after the failed Backward")
+	if x.Grad() != nil {
+		t.Error("a failed Backward set a gradient")
+	}
+	if v := readValues(t, loss); len(v) != 1 {
+		t.Fatalf("loss = %v", v)
+	}
+	nn.Release(loss)
+	if err := s.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	expectBytes(t, w, 32, "after Release")
+}
+
 // TestRelease drops an evaluation graph: the memory goes back to what the
 // leaves hold.
 func TestRelease(t *testing.T) {
