@@ -36,7 +36,7 @@ func init() {
 		kernels.OpSqrt:       unary(func(x, y, g *Tensor) *Tensor { return Div(ScalarMul(g, 0.5), y) }),
 		kernels.OpRsqrt:      unary(func(x, y, g *Tensor) *Tensor { return Mul(g, ScalarMul(Mul(Mul(y, y), y), -0.5)) }),
 		kernels.OpReciprocal: unary(func(x, y, g *Tensor) *Tensor { return Neg(Mul(g, Mul(y, y))) }),
-		kernels.OpRelu:       unary(func(x, y, g *Tensor) *Tensor { return Mul(g, mask(Gt(x, Scalar(x, 0)), x)) }),
+		kernels.OpRelu:       unary(func(x, y, g *Tensor) *Tensor { return Mul(g, Sign(y)) }), // y ≥ 0: sign(y) is x > 0
 		kernels.OpSigmoid:    unary(func(x, y, g *Tensor) *Tensor { return Mul(g, Mul(y, oneMinus(y))) }),
 		kernels.OpTanh:       unary(func(x, y, g *Tensor) *Tensor { return Mul(g, oneMinus(Mul(y, y))) }),
 		kernels.OpAbs:        unary(func(x, y, g *Tensor) *Tensor { return Mul(g, Sign(x)) }),

@@ -347,3 +347,55 @@ func TestRelease(t *testing.T) {
 	}
 	expectBytes(t, w, base, "after Release")
 }
+
+// TestGraphUsedTwice: a second Backward through a graph that an earlier
+// one freed fails, naming the cause, rather than missing the gradient
+// through it; with the losses added, one Backward gives both gradients.
+func TestGraphUsedTwice(t *testing.T) {
+	_, s, _ := fabric(t)
+	x := upload(t, s, kernels.Float64, []int{3}, 1, 2, 3).RequireGrad()
+	h := nn.Exp(x).Retain()
+	l1 := nn.Sum(h, nil, false)
+	l2 := nn.Sum(nn.Mul(h, x), nil, false)
+	if err := nn.Backward(l1); err != nil {
+		t.Fatal(err)
+	}
+	err := nn.Backward(l2)
+	if !errors.Is(err, nn.ErrFreed) || !strings.Contains(err.Error(), "earlier Backward") {
+		t.Fatalf("second Backward: %v, want ErrFreed naming the earlier Backward", err)
+	}
+	if v := readValues(t, h); len(v) != 3 || math.Abs(v[0]-math.E) > 1e-12 {
+		t.Fatalf("the retained h = %v", v)
+	}
+
+	h = nn.Exp(x)
+	loss := nn.Add(nn.Sum(h, nil, false), nn.Sum(nn.Mul(h, x), nil, false))
+	if err := nn.Backward(loss); err != nil {
+		t.Fatal(err)
+	}
+	g := readValues(t, x.Grad())
+	for i, xi := range []float64{1, 2, 3} {
+		// d/dx (e^x + x e^x) = e^x (2 + x)
+		if want := math.Exp(xi) * (2 + xi); math.Abs(g[i]-want) > 1e-9*want {
+			t.Errorf("dx[%d] = %v, want %v", i, g[i], want)
+		}
+	}
+}
+
+// TestGradReplaced: a second Backward frees the gradient it replaces.
+func TestGradReplaced(t *testing.T) {
+	_, s, w := fabric(t)
+	ctx := context.Background()
+	x := upload(t, s, kernels.Float64, []int{4}).RequireGrad()
+	for i := range 5 {
+		loss := nn.Sum(nn.Tanh(x), nil, false)
+		if err := nn.Backward(loss); err != nil {
+			t.Fatal(err)
+		}
+		loss.Free()
+		if err := s.Sync(ctx); err != nil {
+			t.Fatal(err)
+		}
+		expectBytes(t, w, 64, fmt.Sprintf("after Backward %d", i+1)) // x and its gradient
+	}
+}

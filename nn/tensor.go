@@ -29,6 +29,7 @@ type Tensor struct {
 	index int
 
 	reqGrad  bool // a leaf marked by RequireGrad, or made by ops from one
+	cut      bool // required a gradient, but Backward or Release dropped its history
 	retained bool
 	freed    bool
 	grad     *Tensor
