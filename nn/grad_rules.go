@@ -240,7 +240,8 @@ func sumTo(g *Tensor, shape []int) *Tensor {
 	}
 	r := g
 	if len(axes) > 0 {
-		r = Sum(g, axes, true)
+		// Leading axes alone are summed away; others are kept as 1.
+		r = Sum(g, axes, axes[len(axes)-1] >= lead)
 	}
 	if !slices.Equal(r.meta.Shape, shape) {
 		r = Reshape(r, shape...)
