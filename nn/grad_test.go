@@ -119,6 +119,8 @@ func TestBadInputs(t *testing.T) {
 		{"nil input", func() error { return nn.Add(upload(t, s, f64, []int{2}), nil).Err() }, nn.ErrInvalidArgument, []string{"add"}},
 		{"Backward of nil", func() error { return nn.Backward(nil) }, nn.ErrInvalidArgument, nil},
 		{"reshape", func() error { return nn.Reshape(upload(t, s, f64, []int{2, 3}), 4).Err() }, kernels.ErrShape, []string{"reshape", "[2 3]"}},
+		{"flatten axis", func() error { return nn.Flatten(upload(t, s, f64, []int{2, 3}), 2).Err() }, kernels.ErrAttr, []string{"flatten", "[2 3]"}},
+		{"transpose axis", func() error { return nn.Transpose(upload(t, s, f64, []int{2, 3}), 0, -3).Err() }, kernels.ErrAttr, []string{"transpose", "[2 3]"}},
 		{"dropout p", func() error { return nn.Dropout(upload(t, s, f64, []int{2}), 1).Err() }, nn.ErrInvalidArgument, []string{"dropout"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
