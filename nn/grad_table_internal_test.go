@@ -20,7 +20,6 @@ func TestRuleTable(t *testing.T) {
 		kernels.OpArgmax: true, kernels.OpArgmin: true, kernels.OpOneHot: true,
 	}
 	refused := map[string]string{
-		kernels.OpProd:             "the gradient of a product needs the product of the others, which no op gives where x is 0",
 		kernels.OpConv2DInputGrad:  "no second derivatives",
 		kernels.OpConv2DWeightGrad: "no second derivatives",
 		kernels.OpMaxPool2DGrad:    "no second derivatives",

@@ -113,9 +113,9 @@ func TestBadInputs(t *testing.T) {
 			return upload(t, s, kernels.Int64, []int{2}).RequireGrad().Err()
 		}, nn.ErrInvalidArgument, []string{"i64"}},
 		{"no rule", func() error {
-			x := upload(t, s, f64, []int{3}).RequireGrad()
-			return nn.Backward(nn.Prod(x, nil, false))
-		}, nn.ErrNoRule, []string{"prod"}},
+			x := upload(t, s, f64, []int{1, 1, 2, 2}).RequireGrad()
+			return nn.Backward(nn.Sum(nn.AvgPool2dGrad(x, []int{1, 1, 4, 4}, nn.PoolOpts{Kernel: [2]int{2, 2}}), nil, false))
+		}, nn.ErrNoRule, []string{"avg_pool2d_grad"}},
 		{"nil input", func() error { return nn.Add(upload(t, s, f64, []int{2}), nil).Err() }, nn.ErrInvalidArgument, []string{"add"}},
 		{"Backward of nil", func() error { return nn.Backward(nil) }, nn.ErrInvalidArgument, nil},
 		{"reshape", func() error { return nn.Reshape(upload(t, s, f64, []int{2, 3}), 4).Err() }, kernels.ErrShape, []string{"reshape", "[2 3]"}},
@@ -141,8 +141,10 @@ func TestBadInputs(t *testing.T) {
 	}
 }
 
-// TestTies pins how max, min, maximum and minimum share a gradient
-// between equal elements: evenly.
+// TestTies pins the gradients where central differences cannot: max,
+// min, maximum and minimum share a gradient between equal elements
+// evenly; relu and abs give 0 at 0; prod's gradient at zeros is the
+// product of the others.
 func TestTies(t *testing.T) {
 	_, s, _ := fabric(t)
 	f64 := kernels.Float64
@@ -162,6 +164,10 @@ func TestTies(t *testing.T) {
 			[]float64{1, 2, 3}, []float64{1, 1, 4}, []float64{0.5, 1, 0}, []float64{0.5, 0, 1}},
 		{"minimum", func(x, y *nn.Tensor) *nn.Tensor { return nn.Sum(nn.Minimum(x, y), nil, false) },
 			[]float64{1, 2, 3}, []float64{1, 1, 4}, []float64{0.5, 0, 1}, []float64{0.5, 1, 0}},
+		{"prod with a zero", func(x, _ *nn.Tensor) *nn.Tensor {
+			return nn.Sum(nn.Prod(nn.Reshape(x, 3, 3), []int{1}, false), nil, false)
+		},
+			[]float64{2, 0, 3, 0, 0, 5, 1, 2, 3}, nil, []float64{0, 6, 0, 0, 0, 0, 6, 3, 2}, nil},
 		{"relu at 0", func(x, _ *nn.Tensor) *nn.Tensor { return nn.Sum(nn.Relu(x), nil, false) }, []float64{-1, 0, 2}, nil, []float64{0, 0, 1}, nil},
 		{"abs at 0", func(x, _ *nn.Tensor) *nn.Tensor { return nn.Sum(nn.Abs(x), nil, false) }, []float64{-1, 0, 2}, nil, []float64{-1, 0, 1}, nil},
 	} {
@@ -302,20 +308,21 @@ func TestBackwardFreesIntermediates(t *testing.T) {
 func TestBackwardErrorFreesItsOwn(t *testing.T) {
 	_, s, w := fabric(t)
 	ctx := context.Background()
-	x := upload(t, s, kernels.Float64, []int{4}).RequireGrad()
-	loss := nn.Sum(nn.Exp(nn.Prod(nn.Reshape(x, 2, 2), []int{1}, false)), nil, false)
+	x := upload(t, s, kernels.Float64, []int{1, 1, 2, 2}).RequireGrad()
+	dx := nn.AvgPool2dGrad(x, []int{1, 1, 4, 4}, nn.PoolOpts{Kernel: [2]int{2, 2}})
+	loss := nn.Sum(nn.Exp(nn.Reshape(dx, 4, 4)), nil, false)
 	if err := s.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// x, its reshape, prod, exp, sum: 32 + 32 + 16 + 16 + 8 bytes.
-	expectBytes(t, w, 104, "before Backward")
+	// x, avg_pool2d_grad, reshape, exp, sum: 32 + 3·128 + 8 bytes.
+	expectBytes(t, w, 424, "before Backward")
 	if err := nn.Backward(loss); !errors.Is(err, nn.ErrNoRule) {
 		t.Fatalf("Backward: %v, want ErrNoRule", err)
 	}
 	if err := s.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
-	expectBytes(t, w, 104, "after the failed Backward")
+	expectBytes(t, w, 424, "after the failed Backward")
 	if x.Grad() != nil {
 		t.Error("a failed Backward set a gradient")
 	}

@@ -383,6 +383,7 @@ func cases(r *rand.Rand) []gcase {
 	}{
 		{"sum", nn.Sum}, {"mean", nn.Mean}, {"max", nn.Max}, {"min", nn.Min}, {"logsumexp", nn.Logsumexp},
 		{"var", func(x *nn.Tensor, axes []int, keep bool) *nn.Tensor { return nn.Var(x, axes, 0, keep) }},
+		{"prod", nn.Prod},
 	}
 	for _, red := range reductions {
 		for range 3 {
