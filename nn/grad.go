@@ -251,7 +251,7 @@ func topo(loss *Tensor) ([]*node, error) {
 			f.next++
 			switch {
 			case x.cut:
-				return nil, fmt.Errorf("%w: Backward reached %v, an input of %s, whose graph an earlier Backward or Release freed (add the losses and call Backward once)", ErrFreed, x, f.n.op.k.Name)
+				return nil, fmt.Errorf("%w: Backward reached %v, an input of %s, whose graph an earlier Backward or Release freed (add the losses and call Backward once, or Detach it to use it as a constant)", ErrFreed, x, f.n.op.k.Name)
 			case x.freed && x.reqGrad:
 				return nil, fmt.Errorf("%w: Backward reached %v, an input of %s, which was freed", ErrFreed, x, f.n.op.k.Name)
 			case !x.reqGrad:

@@ -376,6 +376,14 @@ func TestGraphUsedTwice(t *testing.T) {
 	if v := readValues(t, h); len(v) != 3 || math.Abs(v[0]-math.E) > 1e-12 {
 		t.Fatalf("the retained h = %v", v)
 	}
+	// Detached, h is a constant.
+	l3 := nn.Sum(nn.Mul(h.Detach(), x), nil, false)
+	if err := nn.Backward(l3); err != nil {
+		t.Fatalf("Backward through a detached h: %v", err)
+	}
+	if g := readValues(t, x.Grad()); math.Abs(g[0]-math.E) > 1e-12 {
+		t.Fatalf("dx with h constant = %v, want h", g)
+	}
 
 	h = nn.Exp(x)
 	loss := nn.Add(nn.Sum(h, nil, false), nn.Sum(nn.Mul(h, x), nil, false))
