@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/jetfabric/jetfabric/client"
@@ -414,5 +415,38 @@ func TestGradReplaced(t *testing.T) {
 			t.Fatal(err)
 		}
 		expectBytes(t, w, 64, fmt.Sprintf("after Backward %d", i+1)) // x and its gradient
+	}
+}
+
+// TestConcurrentSessions: graphs of different sessions are built and
+// differentiated from different goroutines at once (run with -race).
+func TestConcurrentSessions(t *testing.T) {
+	c, _, _ := fabric(t)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		s, err := c.Open(ctx, "cpu-0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close(ctx) })
+		x := upload(t, s, kernels.Float64, []int{3}, 1, 2, float64(i)).RequireGrad()
+		wg.Go(func() {
+			for range 10 {
+				loss := nn.Sum(nn.Mul(nn.Sigmoid(x), x), nil, false)
+				if errs[i] = nn.Backward(loss); errs[i] != nil {
+					return
+				}
+				loss.Free()
+			}
+			_, errs[i] = x.Grad().Float64s(ctx)
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("session %d: %v", i, err)
+		}
 	}
 }
