@@ -88,6 +88,7 @@ fmt-check:
 fuzz:
 	$(GO) test -run x -fuzz FuzzDecodeFrame -fuzztime 30s ./codec
 	$(GO) test -run x -fuzz FuzzParseOps -fuzztime 15s ./subjects
+	$(GO) test -run x -fuzz FuzzDecode -fuzztime 15s ./safetensors
 
 ## bench: package benchmarks, then the fabric against raw NATS
 bench:
