@@ -140,41 +140,6 @@ func rowRange(n, w, s, off int) (lo, hi int) {
 	return lo, hi
 }
 
-// gatherRow sets dst[q] = src[q*s+off], or 0 where that is outside src.
-func gatherRow[T float](dst, src []T, s, off int) {
-	lo, hi := rowRange(len(dst), len(src), s, off)
-	clear(dst[:lo])
-	clear(dst[hi:])
-	if lo == hi {
-		return
-	}
-	if s == 1 {
-		copy(dst[lo:hi], src[lo+off:hi+off])
-		return
-	}
-	for q := lo; q < hi; q++ {
-		dst[q] = src[q*s+off]
-	}
-}
-
-// scatterRow adds src[q] to dst[q*s+off] where that is inside dst.
-func scatterRow[T float](dst, src []T, s, off int) {
-	lo, hi := rowRange(len(src), len(dst), s, off)
-	if lo == hi {
-		return
-	}
-	if s == 1 {
-		d := dst[lo+off : hi+off]
-		for q, v := range src[lo:hi] {
-			d[q] += v
-		}
-		return
-	}
-	for q := lo; q < hi; q++ {
-		dst[q*s+off] += src[q]
-	}
-}
-
 // transposeBlock sets dst[c*ldd+r] = src[r*lds+c] for r < rows, c < cols,
 // four by four inside blocks that stay in cache.
 func transposeBlock[T float](dst []T, ldd int, src []T, lds, rows, cols int) {
@@ -229,14 +194,24 @@ func im2col[T float](p *convPlan, col, x []T, c chunk, gi int) {
 					r := (ci*p.KH+i)*p.KW + j
 					dst := col[r*l+base : r*l+base+rows*p.OW]
 					off := j*p.DW - p.PW
+					lo, hi := rowRange(p.OW, p.W, p.SW, off) // the outputs whose tap is inside
 					for oh := c.oh0; oh < c.oh1; oh++ {
 						seg := dst[(oh-c.oh0)*p.OW : (oh-c.oh0+1)*p.OW]
 						ih := oh*p.SH - p.PH + i*p.DH
-						if ih < 0 || ih >= p.H {
+						if ih < 0 || ih >= p.H || lo == hi {
 							clear(seg)
 							continue
 						}
-						gatherRow(seg, plane[ih*p.W:(ih+1)*p.W], p.SW, off)
+						clear(seg[:lo])
+						clear(seg[hi:])
+						src := plane[ih*p.W : (ih+1)*p.W]
+						if p.SW == 1 {
+							copy(seg[lo:hi], src[lo+off:hi+off])
+							continue
+						}
+						for q := lo; q < hi; q++ {
+							seg[q] = src[q*p.SW+off]
+						}
 					}
 				}
 			}
@@ -257,12 +232,28 @@ func col2im[T float](p *convPlan, dx, col []T, c chunk, gi int) {
 					r := (ci*p.KH+i)*p.KW + j
 					src := col[r*l+base : r*l+base+rows*p.OW]
 					off := j*p.DW - p.PW
+					lo, hi := rowRange(p.OW, p.W, p.SW, off)
+					if lo == hi {
+						continue
+					}
 					for oh := c.oh0; oh < c.oh1; oh++ {
 						ih := oh*p.SH - p.PH + i*p.DH
 						if ih < 0 || ih >= p.H {
 							continue
 						}
-						scatterRow(plane[ih*p.W:(ih+1)*p.W], src[(oh-c.oh0)*p.OW:(oh-c.oh0+1)*p.OW], p.SW, off)
+						seg := src[(oh-c.oh0)*p.OW+lo : (oh-c.oh0)*p.OW+hi]
+						dst := plane[ih*p.W : (ih+1)*p.W]
+						if p.SW == 1 {
+							d := dst[lo+off : hi+off]
+							d = d[:len(seg)]
+							for q, v := range seg {
+								d[q] += v
+							}
+							continue
+						}
+						for q, v := range seg {
+							dst[(lo+q)*p.SW+off] += v
+						}
 					}
 				}
 			}
