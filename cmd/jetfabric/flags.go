@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -224,7 +225,48 @@ func (f *clientFlags) natsOptions() []nats.Option {
 }
 
 func (f *clientFlags) connect() (*client.Client, error) {
-	return client.Connect(f.url, client.WithNATSOptions(f.natsOptions()...))
+	if err := checkURL(f.url); err != nil {
+		return nil, err
+	}
+	c, err := client.Connect(f.url, client.WithNATSOptions(f.natsOptions()...))
+	if err != nil {
+		return nil, connectError(f.url, err)
+	}
+	return c, nil
+}
+
+// checkURL refuses URLs that cannot be a broker's client port, before a
+// connection attempt that would only time out: http:// and https://.
+func checkURL(urls string) error {
+	for _, u := range strings.Split(urls, ",") {
+		scheme, rest, ok := strings.Cut(strings.TrimSpace(u), "://")
+		if !ok {
+			continue // host:port; the NATS client adds nats://
+		}
+		switch strings.ToLower(scheme) {
+		case "nats", "tls", "ws", "wss":
+		case "http", "https":
+			return fmt.Errorf("-url %s: the fabric speaks NATS, not HTTP: use nats://%s (the broker's client port, 4222 by default; 8222 is its HTTP monitoring port)", u, strings.Replace(rest, ":8222", ":4222", 1))
+		default:
+			return fmt.Errorf("-url %s: unknown scheme %q: want nats://host:port", u, scheme)
+		}
+	}
+	return nil
+}
+
+// connectError says what a failed connection to urls most likely means and
+// how to fix it.
+func connectError(urls string, err error) error {
+	var nerr net.Error
+	switch {
+	case errors.Is(err, nats.ErrNoServers):
+		return fmt.Errorf("nothing listens at %s: start a broker there (jetfabric up --store DIR, or make up for containers) or point -url (env JETFABRIC_URL) at one: %w", urls, err)
+	case errors.Is(err, nats.ErrAuthorization):
+		return fmt.Errorf("the broker at %s refused the credentials: pass -user and -password (env JETFABRIC_USER, JETFABRIC_PASSWORD): %w", urls, err)
+	case errors.Is(err, nats.ErrTimeout), errors.As(err, &nerr) && nerr.Timeout():
+		return fmt.Errorf("%s accepted the connection but did not answer as a NATS server: -url wants the broker's client port (4222 by default), not its monitoring port: %w", urls, err)
+	}
+	return err
 }
 
 func envOr(key, def string) string {

@@ -151,7 +151,11 @@ func TestBadCommandLines(t *testing.T) {
 		{[]string{"broker", "--store", "x", "--xfer-storage", "tape"}, 1, "want file or memory"},
 		{[]string{"worker", "--cpus", "0"}, 1, "-cpus 0"},
 		{[]string{"worker", "--devices", "cpu.0"}, 1, "forbidden character"},
-		{[]string{"devices", "--url", "nats://127.0.0.1:1"}, 1, "connect"},
+		{[]string{"devices", "--url", "nats://127.0.0.1:1"}, 1, "nothing listens at nats://127.0.0.1:1: start a broker"},
+		{[]string{"top", "--url", "http://127.0.0.1:8222"}, 1, "use nats://127.0.0.1:4222"},
+		{[]string{"demo", "--url", "ftp://x:1"}, 1, "want nats://host:port"},
+		{[]string{"worker", "--url", "https://h:8222"}, 1, "not HTTP"},
+		{[]string{"version", "extra"}, 2, "unexpected arguments"},
 		{[]string{"bench", "--layout", "sideways", "--upload-mib", "0"}, 1, "want inproc or procs"},
 		{[]string{"demo", "extra"}, 2, "unexpected arguments"},
 	} {
@@ -159,6 +163,38 @@ func TestBadCommandLines(t *testing.T) {
 		code := run(context.Background(), c.args, &stdout, &stderr)
 		if code != c.code || !strings.Contains(stdout.String()+stderr.String(), c.mention) {
 			t.Errorf("%v: exit %d, want %d mentioning %q:\n%s%s", c.args, code, c.code, c.mention, stdout.String(), stderr.String())
+		}
+	}
+}
+
+func TestVersion(t *testing.T) {
+	for _, args := range [][]string{{"version"}, {"--version"}, {"-version"}} {
+		var stdout, stderr bytes.Buffer
+		if code := run(context.Background(), args, &stdout, &stderr); code != 0 || !strings.HasPrefix(stdout.String(), "jetfabric ") || !strings.Contains(stdout.String(), "go1") {
+			t.Errorf("%v: exit %d: %q %q", args, code, stdout.String(), stderr.String())
+		}
+	}
+}
+
+// TestHelp: every command's -h says what it does and gives an example
+// before its flags, and shows no internal flag.
+func TestHelp(t *testing.T) {
+	for _, c := range commands {
+		var stdout, stderr bytes.Buffer
+		if code := run(context.Background(), []string{c.name, "-h"}, &stdout, &stderr); code != 0 {
+			t.Errorf("%s -h: exit %d", c.name, code)
+		}
+		out := stderr.String()
+		head, _, _ := strings.Cut(out, "\n")
+		if !strings.HasPrefix(head, "jetfabric "+c.name+": ") || len(head) < len("jetfabric "+c.name+": ")+10 {
+			t.Errorf("%s -h opens with %q", c.name, head)
+		}
+		ex := strings.Index(out, "Examples:\n  jetfabric "+c.name)
+		if fl := strings.Index(out, "Flags:"); ex < 0 || fl >= 0 && fl < ex {
+			t.Errorf("%s -h: no example before the flags:\n%s", c.name, out)
+		}
+		if strings.Contains(out, "internal:") {
+			t.Errorf("%s -h shows an internal flag:\n%s", c.name, out)
 		}
 	}
 }

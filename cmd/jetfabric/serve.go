@@ -99,9 +99,12 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	} else if _, err := wf.config(nil); err != nil {
 		return err
 	}
+	if err := checkURL(cf.url); err != nil {
+		return err
+	}
 	nc, err := nats.Connect(cf.url, append(cf.natsOptions(), nats.Name("jetfabric-worker "+wf.id), nats.MaxReconnects(-1))...)
 	if err != nil {
-		return fmt.Errorf("connect %s: %w", cf.url, err)
+		return fmt.Errorf("connect: %w", connectError(cf.url, err))
 	}
 	defer nc.Close()
 	if *claim != "" {

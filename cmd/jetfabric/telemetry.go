@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"text/tabwriter"
 	"time"
@@ -84,11 +85,11 @@ func (tw *telemetryWatch) print(w io.Writer, devs []client.Device, now time.Time
 			continue
 		}
 		if !header {
-			fmt.Fprintf(t, "GPU\tMODEL\tCC\tUTIL\tMEM UTIL\tMEMORY USED\tTEMP\tPOWER\tSAMPLED\n")
+			fmt.Fprintf(t, "GPU\tMODEL\tCC\tUTIL\tMEMUTIL\tMEMORY GiB\tTEMP\tPOWER\tAGE\n")
 			header = true
 		}
-		fmt.Fprintf(t, "%s\t%s\t%s\t%d%%\t%d%%\t%.1f / %.1f GiB\t%d C\t%.0f W\t%v ago\n", d.Name, d.Props["name"], d.Props["compute_capability"],
-			s.Util, s.MemUtil, float64(s.MemUsed)/(1<<30), float64(s.MemTotal)/(1<<30), s.TempC, s.PowerW, now.Sub(s.Time).Round(100*time.Millisecond))
+		fmt.Fprintf(t, "%s\t%s\t%s\t%d%%\t%d%%\t%.1f/%.1f\t%d C\t%.0f W\t%s\n", clip(d.Name, 8), clip(strings.TrimPrefix(d.Props["name"], "NVIDIA "), 16), d.Props["compute_capability"],
+			s.Util, s.MemUtil, float64(s.MemUsed)/(1<<30), float64(s.MemTotal)/(1<<30), s.TempC, s.PowerW, age(now.Sub(s.Time)))
 	}
 	t.Flush()
 }

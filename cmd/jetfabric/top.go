@@ -89,9 +89,12 @@ func runTop(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		} else {
 			tp.render(ctx, &buf, devs, now)
 		}
-		header := fmt.Sprintf("jetfabric top  %s  %s  every %v", cf.url, now.Format("15:04:05"), *interval)
+		header := fmt.Sprintf("jetfabric top  %s  every %v", now.Format("15:04:05"), *interval)
 		if term {
 			header += "  (q quits)"
+		}
+		header += "  " + clip(cf.url, 78-len(header))
+		if term {
 			out := ansiHome + header + ansiClearEOL + "\n"
 			for _, line := range bytes.SplitAfter(buf.Bytes(), []byte("\n")) {
 				if len(line) > 0 {
@@ -136,7 +139,7 @@ func (v *topView) render(ctx context.Context, w io.Writer, devs []client.Device,
 	}
 	wg.Wait()
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "DEVICE\tKIND\tSTATE\tWORKER\tSESSIONS\tAPPLIED\tLAG\tOPS/S\tOPS\tHEARTBEAT\n")
+	fmt.Fprintf(tw, "DEVICE\tSTATE\tWORKER\tSESS\tLAG\tOPS/S\tOPS\tBEAT\n")
 	for _, d := range devs {
 		state := d.State
 		if d.State == "serving" && !client.Live(d, now) {
@@ -144,17 +147,60 @@ func (v *topView) render(ctx context.Context, w io.Writer, devs []client.Device,
 		}
 		rate := "-"
 		if p, ok := v.prev[d.Name]; ok && p.worker == d.Worker && d.Ops >= p.ops && now.Sub(p.at) > 0 && state == "serving" {
-			rate = strconv.FormatFloat(float64(d.Ops-p.ops)/now.Sub(p.at).Seconds(), 'f', 0, 64)
+			rate = count(uint64(float64(d.Ops-p.ops) / now.Sub(p.at).Seconds()))
 		}
 		v.prev[d.Name] = topSample{worker: d.Worker, ops: d.Ops, at: now}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%d\t%v ago\n", d.Name, d.Kind, state, d.Worker,
-			d.Sessions, d.Applied, d.Lag, rate, d.Ops, now.Sub(d.Beat).Round(100*time.Millisecond))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", clip(d.Name, 12), state, clip(d.Worker, 18),
+			d.Sessions, count(d.Lag), rate, count(d.Ops), age(now.Sub(d.Beat)))
 	}
 	tw.Flush()
 	if v.tel != nil && len(liveGPUs(devs, now)) > 0 {
 		fmt.Fprintln(w)
 		v.tel.print(w, devs, now)
 	}
+}
+
+// count writes n in at most 6 characters: as is below a million, else
+// with a k, M or G suffix.
+func count(n uint64) string {
+	switch {
+	case n < 1_000_000:
+		return strconv.FormatUint(n, 10)
+	case n < 1_000_000_000:
+		return strconv.FormatFloat(float64(n)/1e6, 'f', 1, 64) + "M"
+	case n < 1_000_000_000_000:
+		return strconv.FormatFloat(float64(n)/1e9, 'f', 1, 64) + "G"
+	}
+	return strconv.FormatFloat(float64(n)/1e12, 'f', 0, 64) + "T"
+}
+
+// age writes a duration in at most 6 characters: 0.3s, 42s, 7m, 5h, 3d.
+func age(d time.Duration) string {
+	switch {
+	case d < 0:
+		return "0s"
+	case d < 10*time.Second:
+		return strconv.FormatFloat(d.Seconds(), 'f', 1, 64) + "s"
+	case d < 100*time.Second:
+		return strconv.Itoa(int(d.Seconds())) + "s"
+	case d < 100*time.Minute:
+		return strconv.Itoa(int(d.Minutes())) + "m"
+	case d < 48*time.Hour:
+		return strconv.Itoa(int(d.Hours())) + "h"
+	}
+	return strconv.Itoa(int(d.Hours()/24)) + "d"
+}
+
+// clip shortens s to n characters, keeping its end (a worker id ends in
+// its pid) behind a "~".
+func clip(s string, n int) string {
+	switch {
+	case len(s) <= n:
+		return s
+	case n < 2:
+		return ""
+	}
+	return "~" + s[len(s)-n+1:]
 }
 
 // refresh replaces *d with the worker's answer on the device's info

@@ -5,6 +5,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -74,15 +75,42 @@ func TestTopPlain(t *testing.T) {
 			rows = append(rows, strings.Fields(l)...)
 		}
 	}
-	// cpu-0 cpu serving top-test 1 <applied> 0 <ops/s> <ops> ...: twice.
-	if len(rows) < 20 || rows[2] != "serving" || rows[3] != "top-test" || rows[4] != "1" || rows[8] != "102" {
+	// cpu-0 serving top-test 1 <lag> <ops/s> <ops> <beat>: twice.
+	if len(rows) < 16 || rows[1] != "serving" || rows[2] != "top-test" || rows[3] != "1" || rows[6] != "102" {
 		t.Errorf("rows %q", rows)
 	}
-	if rows[7] != "-" { // no rate before a second refresh
-		t.Errorf("first ops/s %q, want -", rows[7])
+	if rows[5] != "-" { // no rate before a second refresh
+		t.Errorf("first ops/s %q, want -", rows[5])
 	}
 
 	if code := run(context.Background(), []string{"top", "--interval", "1ms"}, &stdout, &stderr); code != 1 {
 		t.Errorf("interval 1ms: exit %d", code)
+	}
+}
+
+// TestTopWidth: a refresh fits 80 columns, whatever the names and counts.
+func TestTopWidth(t *testing.T) {
+	now := time.Now()
+	devs := []client.Device{
+		{Name: "cpu-0", Kind: "cpu", State: "serving", Worker: "0123456789ab-1234567", Sessions: 1234, Lag: 123456789, Ops: 98765432101234, Beat: now.Add(-400 * time.Millisecond)},
+		{Name: "a-very-long-device-name-17", Kind: "gpu", State: "serving", Worker: "w", Beat: now.Add(-72 * time.Hour)},
+		{Name: "cpu-1", Kind: "cpu", State: "stopped", Worker: "host-1", Beat: now.Add(-90 * time.Minute)},
+	}
+	v := &topView{prev: map[string]topSample{"cpu-0": {worker: devs[0].Worker, ops: 1, at: now.Add(-time.Second)}}}
+	var buf bytes.Buffer
+	v.render(context.Background(), &buf, devs, now)
+	t.Logf("\n%s", buf.String())
+	for _, l := range strings.Split(buf.String(), "\n") {
+		if len(l) > 80 {
+			t.Errorf("%d columns: %q", len(l), l)
+		}
+	}
+	for _, c := range []struct {
+		n    uint64
+		want string
+	}{{0, "0"}, {999999, "999999"}, {1_250_000, "1.2M"}, {98_765_432_101, "98.8G"}, {98765432101234, "99T"}} {
+		if got := count(c.n); got != c.want {
+			t.Errorf("count(%d) = %q, want %q", c.n, got, c.want)
+		}
 	}
 }
