@@ -7,9 +7,13 @@ LDFLAGS  := -s -w -X main.version=$(VERSION)
 IMAGE    ?= jetfabric:latest
 # docker compose v2 where the plugin is installed, else docker-compose v1.
 COMPOSE  ?= $(shell docker compose version >/dev/null 2>&1 && echo docker compose || echo docker-compose)
+# The compose project (also COMPOSE_PROJECT_NAME in .env, for compose run by hand).
+PROJECT  ?= jetfabric
 SCALE    ?= 1
+# make down VOLUMES=1 also deletes the store volumes.
+VOLUMES  ?=
 
-.PHONY: all build build-gpu demo up down up-embedded test test-race test-nocgo test-gpu vet fmt-check fuzz bench lint tidy clean tools \
+.PHONY: all build build-gpu demo up up-cluster down ports up-embedded test test-race test-nocgo test-gpu vet fmt-check fuzz bench lint tidy clean tools \
 	images compose-up compose-down test-e2e bench-scale
 
 all: build
@@ -35,19 +39,31 @@ images: build
 	mkdir -p $(BIN)/image/data
 	docker build -t $(IMAGE) .
 
-## up: the images, then the broker and SCALE workers in containers, client port 4222
+## up: the images, then the broker and SCALE workers (make up SCALE=4) in containers, client port 4222
 up: images compose-up
 
-## down: stop and remove the containers (the store volume stays)
+## up-cluster: the images, then the three-node cluster n1..n3 (client ports 4223..4225) and its workers
+up-cluster: images
+	JETFABRIC_IMAGE=$(IMAGE) $(COMPOSE) -p $(PROJECT) --profile cluster up -d --scale worker-cluster=$(SCALE) n1 n2 n3 worker-cluster
+
+## down: stop and remove the containers of both deployments; the store volumes stay unless VOLUMES=1
 down: compose-down
+
+## ports: where the broker's, the cluster nodes' and each worker's /metrics are published on 127.0.0.1
+ports:
+	@for s in broker n1 n2 n3 worker worker-cluster; do \
+		for id in $$($(COMPOSE) -p $(PROJECT) --profile cluster ps -q $$s 2>/dev/null); do \
+			echo "$$s $$(docker inspect --format '{{.Name}}' $$id | tr -d /): http://$$(docker port $$id 9090/tcp | head -1)/metrics"; \
+		done; \
+	done
 
 ## compose-up: broker and SCALE workers in containers from the images already built
 compose-up:
-	JETFABRIC_IMAGE=$(IMAGE) $(COMPOSE) up -d --scale worker=$(SCALE)
+	JETFABRIC_IMAGE=$(IMAGE) $(COMPOSE) -p $(PROJECT) up -d --scale worker=$(SCALE)
 
-## compose-down: stop and remove the containers (the store volume stays; add -v to delete it)
+## compose-down: stop and remove the containers (the store volumes stay; VOLUMES=1 deletes them)
 compose-down:
-	$(COMPOSE) --profile cluster down --remove-orphans
+	$(COMPOSE) -p $(PROJECT) --profile cluster down --remove-orphans$(if $(VOLUMES), -v)
 
 ## test-e2e: the container tests: images, then compose projects of their own, removed after
 test-e2e: images

@@ -100,7 +100,10 @@ func newProject(t testing.TB) *project {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	p := &project{t: t, name: "jetfabric-e2e-" + hex.EncodeToString(b[:]), ports: map[string]int{}}
-	for _, env := range []string{"JETFABRIC_PORT", "JETFABRIC_HTTP_PORT", "JETFABRIC_N1_PORT", "JETFABRIC_N2_PORT", "JETFABRIC_N3_PORT"} {
+	for _, env := range []string{"JETFABRIC_PORT", "JETFABRIC_HTTP_PORT", "JETFABRIC_METRICS_PORT",
+		"JETFABRIC_N1_PORT", "JETFABRIC_N2_PORT", "JETFABRIC_N3_PORT",
+		"JETFABRIC_N1_HTTP_PORT", "JETFABRIC_N2_HTTP_PORT", "JETFABRIC_N3_HTTP_PORT",
+		"JETFABRIC_N1_METRICS_PORT", "JETFABRIC_N2_METRICS_PORT", "JETFABRIC_N3_METRICS_PORT"} {
 		p.ports[env] = freePort(t)
 	}
 	t.Cleanup(func() {
