@@ -66,7 +66,12 @@ const ckptMagic = "JFCKPT01"
 // checkpoint writes and commits a checkpoint at the last applied sequence.
 // It runs on the device loop. It returns the reference committed, or nil
 // when nothing was applied since the last checkpoint.
-func (d *device) checkpoint(ctx context.Context) (*checkpointRef, error) {
+func (d *device) checkpoint(ctx context.Context) (_ *checkpointRef, err error) {
+	defer func() {
+		if err != nil {
+			d.m.ckptFailures.Add(1)
+		}
+	}()
 	seq := d.applied.Load()
 	if seq == 0 || seq == d.ckptSeq {
 		return nil, nil

@@ -53,6 +53,7 @@ type jobLoop struct {
 	cfg  Jobs
 	dev  *device // runs the jobs' ops; never started, holds no lease
 	iter jetstream.MessagesContext
+	m    jobMetrics
 }
 
 func (w *Worker) startJobs(ctx context.Context, j Jobs) (*jobLoop, error) {
@@ -108,7 +109,12 @@ func (l *jobLoop) handle(msg jetstream.Msg) {
 	var attempt, seq uint64
 	if md, err := msg.Metadata(); err == nil {
 		attempt, seq = md.NumDelivered, md.Sequence.Stream
+		l.m.pending.Store(md.NumPending)
 	}
+	start := time.Now()
+	l.m.started(attempt)
+	outcome := jobDropped
+	defer func() { l.m.finished(outcome, time.Since(start)) }()
 	enc, err := codec.EncodingOf(msg.Headers().Get(subjects.HeaderContentType))
 	var job codec.Job
 	if err == nil {
@@ -134,6 +140,7 @@ func (l *jobLoop) handle(msg jetstream.Msg) {
 	defer cancel()
 	if _, err := w.ctrl.Get(ctx, subjects.JobKey(job.ID)); err == nil {
 		_ = msg.Ack() // finished by another worker already
+		outcome = jobDuplicate
 		return
 	}
 	// Keep the job ours while it runs.
@@ -157,7 +164,12 @@ func (l *jobLoop) handle(msg jetstream.Msg) {
 	if err := l.store(job.ID, res); err != nil {
 		w.logf("worker: %s jobs: %v", l.cfg.Kind, err)
 		_ = msg.Nak()
+		outcome = jobRetried
 		return
+	}
+	outcome = jobOK
+	if len(res.Errors) > 0 {
+		outcome = jobFailed
 	}
 	if err := msg.DoubleAck(ctx); err != nil {
 		w.logf("worker: %s jobs: ack job %s: %v", l.cfg.Kind, job.ID, err)

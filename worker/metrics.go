@@ -34,8 +34,11 @@ type metrics struct {
 	// pending is the number of the device's frames in the stream after
 	// the last one handled, as JetStream counted when it delivered it.
 	pending atomic.Uint64
-	// checkpoints committed, their total time and the size of the last.
-	checkpoints, ckptNanos, ckptBytes atomic.Uint64
+	// checkpoints committed, their total time and the size of the last;
+	// the time the last one took and when it was committed (Unix ns);
+	// checkpoints that failed.
+	checkpoints, ckptNanos, ckptBytes   atomic.Uint64
+	ckptLastNanos, ckptAt, ckptFailures atomic.Uint64
 	// fusedGroups run on a fusing backend and the ops they covered.
 	fusedGroups, fusedOps atomic.Uint64
 }
@@ -51,6 +54,49 @@ func (m *metrics) checkpoint(took time.Duration, size int64) {
 	m.checkpoints.Add(1)
 	m.ckptNanos.Add(uint64(took))
 	m.ckptBytes.Store(uint64(size))
+	m.ckptLastNanos.Store(uint64(took))
+	m.ckptAt.Store(uint64(time.Now().UnixNano()))
+}
+
+// Job outcomes, the values of jetfabric_jobs_total's outcome label.
+const (
+	jobOK        = "ok"        // ran, result stored
+	jobFailed    = "failed"    // ran, result stored with its op errors
+	jobDropped   = "dropped"   // could never run (undecodable); terminated
+	jobDuplicate = "duplicate" // another worker had stored its result already
+	jobRetried   = "retried"   // the result could not be stored; handed back
+)
+
+var jobOutcomes = [...]string{jobOK, jobFailed, jobDropped, jobDuplicate, jobRetried}
+
+// jobMetrics are one job loop's counters, updated once a job.
+type jobMetrics struct {
+	outcomes    [len(jobOutcomes)]atomic.Uint64
+	nanos       atomic.Uint64
+	running     atomic.Int64
+	redelivered atomic.Uint64
+	// pending is the consumer's count of jobs still queued after the
+	// last one delivered here.
+	pending atomic.Uint64
+}
+
+// started records a job taken on its attempt-th delivery.
+func (m *jobMetrics) started(attempt uint64) {
+	m.running.Add(1)
+	if attempt > 1 {
+		m.redelivered.Add(1)
+	}
+}
+
+// finished records a job's outcome and the time it was held.
+func (m *jobMetrics) finished(outcome string, took time.Duration) {
+	m.running.Add(-1)
+	m.nanos.Add(uint64(took))
+	for i, o := range jobOutcomes {
+		if o == outcome {
+			m.outcomes[i].Add(1)
+		}
+	}
 }
 
 // ioCount is what one frame moved; the device loop adds it to metrics at
@@ -126,6 +172,12 @@ func (w *Worker) WriteMetrics(out io.Writer) error {
 			func(d *device) float64 { return float64(d.m.ckptNanos.Load()) / 1e9 }},
 		{"jetfabric_device_checkpoint_bytes", "gauge", "Size of the last checkpoint.",
 			func(d *device) float64 { return float64(d.m.ckptBytes.Load()) }},
+		{"jetfabric_device_checkpoint_last_seconds", "gauge", "Time the last committed checkpoint took to write and commit.",
+			func(d *device) float64 { return float64(d.m.ckptLastNanos.Load()) / 1e9 }},
+		{"jetfabric_device_checkpoint_timestamp_seconds", "gauge", "Unix time of the last committed checkpoint (0: none yet by this worker).",
+			func(d *device) float64 { return float64(d.m.ckptAt.Load()) / 1e9 }},
+		{"jetfabric_device_checkpoint_failures_total", "counter", "Checkpoints that failed to be written or committed.",
+			func(d *device) float64 { return float64(d.m.ckptFailures.Load()) }},
 		{"jetfabric_device_fused_groups_total", "counter", "Runs of elementwise ops executed as one fused kernel.",
 			func(d *device) float64 { return float64(d.m.fusedGroups.Load()) }},
 		{"jetfabric_device_fused_ops_total", "counter", "Ops executed inside fused groups.",
@@ -154,7 +206,36 @@ func (w *Worker) WriteMetrics(out io.Writer) error {
 			p.Sample("jetfabric_device_bytes_total", prom.Labels("device", d.cfg.Name, "direction", b.dir, "path", b.path), float64(b.v.Load()))
 		}
 	}
+	w.writeJobMetrics(p)
 	return p.Flush()
+}
+
+// writeJobMetrics writes the series of the job loops, per device kind.
+func (w *Worker) writeJobMetrics(p *prom.Writer) {
+	p.Family("jetfabric_jobs_total", "counter", "Jobs taken from the job queue, by outcome: ok, failed (result holds op errors), dropped (undecodable), duplicate (already done elsewhere), retried (result not stored; handed back).")
+	for _, l := range w.jobs {
+		for i, o := range jobOutcomes {
+			p.Sample("jetfabric_jobs_total", prom.Labels("kind", l.cfg.Kind, "outcome", o), float64(l.m.outcomes[i].Load()))
+		}
+	}
+	for _, s := range []struct {
+		name, typ, help string
+		value           func(m *jobMetrics) float64
+	}{
+		{"jetfabric_jobs_running", "gauge", "Jobs running now (a worker runs one at a time per kind).",
+			func(m *jobMetrics) float64 { return float64(m.running.Load()) }},
+		{"jetfabric_jobs_seconds_total", "counter", "Time spent on jobs: running them and storing their results.",
+			func(m *jobMetrics) float64 { return float64(m.nanos.Load()) / 1e9 }},
+		{"jetfabric_jobs_redelivered_total", "counter", "Jobs taken on a second or later delivery (their first worker died or was too slow).",
+			func(m *jobMetrics) float64 { return float64(m.redelivered.Load()) }},
+		{"jetfabric_jobs_pending", "gauge", "Jobs of the kind still queued behind the last one this worker took (JetStream's count at that delivery).",
+			func(m *jobMetrics) float64 { return float64(m.pending.Load()) }},
+	} {
+		p.Family(s.name, s.typ, s.help)
+		for _, l := range w.jobs {
+			p.Sample(s.name, prom.Labels("kind", l.cfg.Kind), s.value(&l.m))
+		}
+	}
 }
 
 // MetricsHandler serves WriteMetrics over HTTP, for /metrics.

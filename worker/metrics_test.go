@@ -2,6 +2,7 @@ package worker_test
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -13,7 +14,10 @@ import (
 	"time"
 
 	"github.com/jetfabric/jetfabric/broker/brokertest"
+	"github.com/jetfabric/jetfabric/client"
 	"github.com/jetfabric/jetfabric/internal/prom"
+	"github.com/jetfabric/jetfabric/kernels/cpu"
+	"github.com/jetfabric/jetfabric/worker"
 )
 
 // scrape GETs url and returns every sample by its series (name and labels).
@@ -127,4 +131,83 @@ func hostname(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return h
+}
+
+// TestJobAndCheckpointMetrics: a job that runs, a job that fails and a
+// checkpoint show in the job-queue and checkpoint series.
+func TestJobAndCheckpointMetrics(t *testing.T) {
+	b := brokertest.Run(t)
+	w := startWorker(t, b, func(c *worker.Config) {
+		c.Jobs = []worker.Jobs{{Kind: "cpu", Backend: cpu.New()}}
+	})
+	srv := httptest.NewServer(w.MetricsHandler())
+	defer srv.Close()
+	c, err := client.Connect(b.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	good := c.NewJob()
+	y := good.Full([]int{2}, 1).Add(good.Full([]int{2}, 2))
+	okID, err := c.Submit(ctx, "cpu", good, y)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := c.NewJob()
+	z := bad.Full([]int{2}, 1).Add(bad.Full([]int{3}, 1))
+	badID, err := c.Submit(ctx, "cpu", bad, z)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Wait(ctx, okID, badID); err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.Open(ctx, "cpu-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Full([]int{4}, 1).Float32s(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s.Checkpoint()
+	if err := s.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// The results are stored before the counters move: wait for them.
+	var m map[string]float64
+	checkFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+		m = scrape(t, srv.URL)
+		if m[`jetfabric_jobs_total{kind="cpu",outcome="ok"}`]+m[`jetfabric_jobs_total{kind="cpu",outcome="failed"}`] != 2 ||
+			m[`jetfabric_device_checkpoints_total{device="cpu-0"}`] < 1 {
+			return fmt.Errorf("jobs ok %v, failed %v; checkpoints %v", m[`jetfabric_jobs_total{kind="cpu",outcome="ok"}`],
+				m[`jetfabric_jobs_total{kind="cpu",outcome="failed"}`], m[`jetfabric_device_checkpoints_total{device="cpu-0"}`])
+		}
+		return nil
+	})
+	for series, want := range map[string]float64{
+		`jetfabric_jobs_total{kind="cpu",outcome="ok"}`:              1,
+		`jetfabric_jobs_total{kind="cpu",outcome="failed"}`:          1,
+		`jetfabric_jobs_total{kind="cpu",outcome="dropped"}`:         0,
+		`jetfabric_jobs_running{kind="cpu"}`:                         0,
+		`jetfabric_jobs_redelivered_total{kind="cpu"}`:               0,
+		`jetfabric_jobs_pending{kind="cpu"}`:                         0,
+		`jetfabric_device_checkpoint_failures_total{device="cpu-0"}`: 0,
+	} {
+		if got, ok := m[series]; !ok || got != want {
+			t.Errorf("%s = %v (present %v), want %v", series, got, ok, want)
+		}
+	}
+	if v := m[`jetfabric_jobs_seconds_total{kind="cpu"}`]; v <= 0 {
+		t.Errorf("job seconds %v", v)
+	}
+	if v := m[`jetfabric_device_checkpoint_last_seconds{device="cpu-0"}`]; v <= 0 {
+		t.Errorf("last checkpoint took %v s", v)
+	}
+	if v := m[`jetfabric_device_checkpoint_timestamp_seconds{device="cpu-0"}`]; v < float64(time.Now().Add(-time.Hour).Unix()) {
+		t.Errorf("last checkpoint at %v", v)
+	}
 }
