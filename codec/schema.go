@@ -74,6 +74,17 @@ type Op struct {
 	N int `cbor:"n,omitempty" json:"n,omitempty"`
 	M int `cbor:"m,omitempty" json:"m,omitempty"`
 
+	// Stride, Padding and Dilation are [h, w] window attributes of conv2d,
+	// its gradients and the pools (absent: stride [1, 1], for pools the
+	// kernel; padding [0, 0]; dilation [1, 1]).
+	Stride   []int `cbor:"stride,omitempty" json:"stride,omitempty"`
+	Padding  []int `cbor:"padding,omitempty" json:"padding,omitempty"`
+	Dilation []int `cbor:"dilation,omitempty" json:"dilation,omitempty"`
+	// Groups is conv2d's channel groups (absent or 0: 1).
+	Groups int `cbor:"groups,omitempty" json:"groups,omitempty"`
+	// Kernel is a pool's window [kh, kw].
+	Kernel []int `cbor:"kernel,omitempty" json:"kernel,omitempty"`
+
 	// Data is an upload's bytes: contiguous, row-major, little-endian.
 	Data []byte `cbor:"data,omitempty" json:"data,omitempty"`
 	// Values is an upload's elements as numbers, for clients that cannot
@@ -103,7 +114,8 @@ type Op struct {
 	Size  int    `cbor:"size,omitempty" json:"size,omitempty"`
 	// Root is the rank a broadcast sends from.
 	Root int `cbor:"root,omitempty" json:"root,omitempty"`
-	// Reduce is a collective's reduction: sum (default), mean, max or min.
+	// Reduce is a collective's reduction: sum (default), mean, max or min;
+	// and cross_entropy's: mean (default), sum or none.
 	Reduce string `cbor:"reduce,omitempty" json:"reduce,omitempty"`
 	// Algo is a collective's algorithm: "scatter" (default; every rank
 	// reduces its own slice, then every rank gathers the reduced slices)

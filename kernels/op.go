@@ -56,6 +56,19 @@ type Op struct {
 	// N and M are eye's rows and columns; M = 0 means N.
 	N, M int
 
+	// Stride, Padding and Dilation are the [h, w] window attributes of
+	// conv2d, its gradients and the pools; empty means the default: stride
+	// [1, 1] (the kernel for pools), padding [0, 0], dilation [1, 1].
+	// Padding is zeros for conv2d and avg_pool2d, and never wins in
+	// max_pool2d.
+	Stride, Padding, Dilation []int
+	// Groups splits conv2d's channels into groups convolved apart; 0 means 1.
+	Groups int
+	// Kernel is a pool's window [kh, kw]; pools require it.
+	Kernel []int
+	// Reduce is cross_entropy's reduction: "mean" (also ""), "sum" or "none".
+	Reduce string
+
 	// Seed and Key key the random generator: the session seed and the id of
 	// the op's output tensor. See Random.
 	Seed, Key uint64

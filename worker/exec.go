@@ -283,6 +283,8 @@ func kernelOp(op *codec.Op) (*kernels.Op, error) {
 		Low: op.Low, High: op.High, Mean: op.Mean, Std: op.Std,
 		Starts: op.Starts, Ends: op.Ends, Steps: op.Steps, Pads: op.Pads, Sizes: op.Sizes,
 		K: op.K, Depth: op.Depth, Eps: op.Eps, P: op.P, Num: op.Num, N: op.N, M: op.M,
+		Stride: op.Stride, Padding: op.Padding, Dilation: op.Dilation, Groups: op.Groups,
+		Kernel: op.Kernel, Reduce: op.Reduce,
 	}
 	if op.DType != "" {
 		dt, err := kernels.ParseDType(op.DType)

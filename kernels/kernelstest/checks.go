@@ -153,6 +153,7 @@ func testExecErrors(s *suite) {
 		}
 	}
 	movementExecErrors(s)
+	nnExecErrors(s)
 }
 
 // safeExec runs Exec, recovering a panic.

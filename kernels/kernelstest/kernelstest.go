@@ -344,7 +344,8 @@ func opString(op *kernels.Op) string {
 	for _, a := range []struct {
 		name string
 		v    []int
-	}{{"starts", op.Starts}, {"ends", op.Ends}, {"steps", op.Steps}, {"pads", op.Pads}, {"sizes", op.Sizes}} {
+	}{{"starts", op.Starts}, {"ends", op.Ends}, {"steps", op.Steps}, {"pads", op.Pads}, {"sizes", op.Sizes},
+		{"stride", op.Stride}, {"padding", op.Padding}, {"dilation", op.Dilation}, {"kernel", op.Kernel}} {
 		if a.v != nil {
 			fmt.Fprintf(&b, " %s=%v", a.name, a.v)
 		}
@@ -352,7 +353,7 @@ func opString(op *kernels.Op) string {
 	for _, a := range []struct {
 		name string
 		v    int
-	}{{"axis", op.Axis}, {"k", op.K}, {"depth", op.Depth}, {"num", op.Num}, {"n", op.N}, {"m", op.M}} {
+	}{{"axis", op.Axis}, {"k", op.K}, {"depth", op.Depth}, {"num", op.Num}, {"n", op.N}, {"m", op.M}, {"groups", op.Groups}} {
 		if a.v != 0 {
 			fmt.Fprintf(&b, " %s=%d", a.name, a.v)
 		}
@@ -362,6 +363,9 @@ func opString(op *kernels.Op) string {
 	}
 	if op.P != 0 {
 		fmt.Fprintf(&b, " p=%v", op.P)
+	}
+	if op.Reduce != "" {
+		fmt.Fprintf(&b, " reduce=%s", op.Reduce)
 	}
 	return b.String()
 }

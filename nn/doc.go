@@ -1,0 +1,60 @@
+// Package nn is jetfabric's training stack: tensors that remember the op
+// that made them, reverse-mode automatic differentiation whose gradient
+// program runs on the worker like any other ops, layers and optimizers.
+//
+// A Tensor wraps a tensor of a client.Session with its dtype and shape.
+// Every op checks its inputs with the fabric's own shape inference
+// (kernels.Infer) before it is enqueued, so a shape mismatch is a Go error
+// at once, carried by the result (Tensor.Err) and by everything computed
+// from it, and the op is recorded with its inputs. Nothing waits for the
+// worker until a read.
+//
+// Backward(loss) walks the recorded graph from a one-element loss back to
+// the leaves marked by RequireGrad, applying one rule per op from a single
+// table (the shape of PyTorch's derivatives.yaml and tinygrad's
+// gradient.py); each rule is a few ops of this package, so the gradients
+// are computed on the worker and nothing is read back. Gradients of
+// broadcast inputs are summed back to the input's shape. An op without a
+// rule fails Backward with ErrNoRule naming it; ops whose gradient is zero
+// almost everywhere (sign, floor, ceil, round) and ops with bool or
+// integer results never require a gradient. max and min split the
+// gradient evenly between tied elements (like PyTorch's amax), maximum and
+// minimum give half to each operand on a tie.
+//
+// Memory: tensors on the worker are freed only when asked. After emitting
+// the gradient program, Backward frees every intermediate tensor of the
+// graph and of the gradient program (a free is an op like any other, run
+// after the ops queued before it), keeping the loss, the leaves (uploaded,
+// wrapped, RequireGrad'ed tensors and the gradients) and tensors marked by
+// Retain. Tensors made by creation ops (Full, Zeros, Uniform, Bernoulli,
+// ...) are intermediates: Retain a constant that is reused across steps,
+// or make it a leaf with Detach. Release frees a graph that no Backward
+// will walk, such as an evaluation.
+//
+// A training step:
+//
+//	s, _ := c.Open(ctx, "cpu-0")
+//	w := nn.Uniform(s, []int{784, 10}, -0.03, 0.03).RequireGrad()
+//	b := nn.Zeros(s, kernels.Float32, []int{10}).RequireGrad()
+//	for step := range steps {
+//		x, _ := nn.Upload(ctx, s, kernels.Float32, []int{64, 784}, images[step])
+//		y, _ := nn.Upload(ctx, s, kernels.Int64, []int{64}, labels[step])
+//		logits := nn.Matmul(x, w).Add(b)
+//		loss := nn.CrossEntropy(logits, y, nn.ReduceMean)
+//		if err := nn.Backward(loss); err != nil {
+//			return err // a shape error, or an op without a gradient rule
+//		}
+//		for _, p := range []**nn.Tensor{&w, &b} {
+//			next := nn.Sub(*p, nn.ScalarMul((*p).Grad(), 0.1)).RequireGrad()
+//			(*p).Grad().Free()
+//			(*p).Free()
+//			*p = next
+//		}
+//		v, err := loss.Item(ctx) // the first wait for the worker
+//		...
+//		loss.Free(); x.Free(); y.Free()
+//	}
+//
+// Tensors and graphs are not safe for concurrent use; the session under
+// them is.
+package nn

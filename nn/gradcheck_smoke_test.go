@@ -1,0 +1,86 @@
+package nn_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jetfabric/jetfabric/broker/brokertest"
+	"github.com/jetfabric/jetfabric/client"
+	"github.com/jetfabric/jetfabric/kernels"
+	"github.com/jetfabric/jetfabric/nn"
+	"github.com/jetfabric/jetfabric/worker"
+	"github.com/jetfabric/jetfabric/worker/workertest"
+)
+
+// fabric starts a broker and a worker serving cpu-0 and returns a client,
+// a session on cpu-0, and the worker.
+func fabric(t testing.TB) (*client.Client, *client.Session, *worker.Worker) {
+	t.Helper()
+	b := brokertest.Run(t)
+	w := workertest.Run(t, b, workertest.CPUs(1), func(c *worker.Config) { c.Heartbeat = 200 * time.Millisecond })
+	c, err := client.Connect(b.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	s, err := c.Open(context.Background(), "cpu-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close(context.Background()) })
+	return c, s, w
+}
+
+func TestSmoke(t *testing.T) {
+	_, s, _ := fabric(t)
+	ctx := context.Background()
+	x, err := nn.FromValues(ctx, s, kernels.Float64, []int{2, 3}, []float64{1, 2, 3, 4, 5, 6})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x.RequireGrad()
+	loss := nn.Sum(nn.Mul(x, x), nil, false)
+	if err := nn.Backward(loss); err != nil {
+		t.Fatal(err)
+	}
+	v, err := loss.Item(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := x.Grad().Float64s(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(v, g)
+}
+
+// checkFor polls fn every step until it returns nil or total passes.
+func checkFor(t testing.TB, total, step time.Duration, fn func() error) {
+	t.Helper()
+	deadline := time.Now().Add(total)
+	for {
+		err := fn()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v: %v", total, err)
+		}
+		time.Sleep(step)
+	}
+}
+
+// expectBytes waits until the worker's tensor memory on cpu-0 is want
+// bytes (it counts a frame's frees when the frame ends, which may be
+// after the answer to a sync in it).
+func expectBytes(t testing.TB, w *worker.Worker, want int64, what string) {
+	t.Helper()
+	checkFor(t, 5*time.Second, time.Millisecond, func() error {
+		if got := heldBytes(t, w); got != want {
+			return fmt.Errorf("%s: the worker holds %d tensor bytes, want %d", what, got, want)
+		}
+		return nil
+	})
+}
