@@ -146,10 +146,12 @@ func trainMNIST(ctx context.Context, c *client.Client, f *trainFlags, train, tes
 		}
 		r.params = r.model.Params()
 		r.opt = nn.NewAdam(f.lr)
-	}
-	for _, r := range reps {
-		if err := r.s.Sync(ctx); err != nil {
-			return nil, fmt.Errorf("%s: preparing the data and the model: %w", r.s.Device(), err)
+		// Wait until the worker holds the data before the next rank
+		// uploads the same bytes: a second upload that finishes writing
+		// before it learns that the digest's object exists replaces that
+		// object, and a worker still reading the first one's chunks fails.
+		if err := s.Sync(ctx); err != nil {
+			return nil, fmt.Errorf("%s: preparing the data and the model: %w", s.Device(), err)
 		}
 	}
 
