@@ -57,9 +57,11 @@ func BenchmarkTrainStep(b *testing.B) {
 				if err := trainStep(reps, lo, lo+batch); err != nil {
 					b.Fatal(err)
 				}
-				r.loss.Free()
+				for _, l := range r.losses {
+					l.Free()
+				}
 				r.correct.Free()
-				r.loss, r.correct = nil, nil
+				r.losses, r.correct = r.losses[:0], nil
 				if err := s.Sync(ctx); err != nil {
 					b.Fatal(err)
 				}

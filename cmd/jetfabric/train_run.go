@@ -104,13 +104,14 @@ type replica struct {
 	params      []*nn.Param
 	opt         *nn.Adam
 	ep          *datasets.Epoch
-	// Running sums on the worker since the last check: the loss (scaled
-	// by the rank's share of the batch) and the correct predictions.
-	loss, correct *client.Tensor
+	// Since the last check: each step's loss (scaled by the rank's share
+	// of the batch), and the sum of correct predictions, on the worker.
+	losses  []*client.Tensor
+	correct *client.Tensor
 }
 
-// errNaN: the loss stopped being a number.
-var errNaN = errors.New("loss is NaN")
+// errNaN: the loss became NaN or infinite.
+var errNaN = errors.New("the loss is not a number")
 
 // trainMNIST trains the model of f on train (one replica a device), tests
 // it on test, and saves the weights. onCheck, when set, is called after
@@ -164,9 +165,10 @@ func trainMNIST(ctx context.Context, c *client.Client, f *trainFlags, train, tes
 	step, checked := 0, 0
 	windowSamples := 0
 	check := func(epoch int) error {
-		var loss, correct float64
+		losses := make([]float64, step-checked)
+		var correct float64
 		for _, r := range reps {
-			l, err := r.loss.Float32s(ctx)
+			l, err := r.readLosses(ctx)
 			if err != nil {
 				return rankErrors(ctx, reps, r, step, err)
 			}
@@ -174,20 +176,24 @@ func trainMNIST(ctx context.Context, c *client.Client, f *trainFlags, train, tes
 			if err != nil {
 				return rankErrors(ctx, reps, r, step, err)
 			}
-			loss += float64(l[0])
-			correct += float64(k[0])
-			r.loss.Free()
-			r.correct.Free()
-			r.loss, r.correct = nil, nil
-		}
-		steps := step - checked
-		if math.IsNaN(loss) || math.IsInf(loss, 0) {
-			if steps == 1 {
-				return fmt.Errorf("%w at step %d (epoch %d)", errNaN, step, epoch+1)
+			if len(l) != len(losses) {
+				return fmt.Errorf("%s: step %d: %d losses since step %d", r.s.Device(), step, len(l), checked)
 			}
-			return fmt.Errorf("%w at a step from %d to %d (epoch %d): run with -check-every 1 to name the step", errNaN, checked+1, step, epoch+1)
+			for i, v := range l {
+				losses[i] += float64(v)
+			}
+			correct += float64(k[0])
+			r.correct.Free()
+			r.correct = nil
 		}
-		rep.FinalLoss = loss / float64(steps)
+		var loss float64
+		for i, v := range losses {
+			if math.IsNaN(v) || math.IsInf(v, 0) {
+				return fmt.Errorf("%w at step %d (epoch %d): %v", errNaN, checked+1+i, epoch+1, v)
+			}
+			loss += v
+		}
+		rep.FinalLoss = loss / float64(len(losses))
 		rep.TrainAccuracy = correct / float64(windowSamples)
 		checked, windowSamples = step, 0
 		if onCheck != nil {
@@ -262,6 +268,20 @@ func trainMNIST(ctx context.Context, c *client.Client, f *trainFlags, train, tes
 	return rep, nil
 }
 
+// readLosses reads the losses of the steps since the last check (stacked
+// on the worker into one tensor, so one read takes them all) and frees
+// them.
+func (r *replica) readLosses(ctx context.Context) ([]float32, error) {
+	all := r.s.Apply(codec.Op{Op: kernels.OpStack, Axis: 0}, r.losses...)
+	for _, l := range r.losses {
+		l.Free()
+	}
+	r.losses = r.losses[:0]
+	v, err := all.Float32s(ctx)
+	all.Free()
+	return v, err
+}
+
 // rankErrors is err, the failure of failed's read at step, joined with the
 // errors the other ranks report (one rank's failure leaves the others
 // waiting in a collective: their own cause says which came first).
@@ -306,7 +326,7 @@ func trainStep(reps []*replica, lo, hi int) error {
 		if err := nn.Backward(loss); err != nil {
 			return err
 		}
-		r.loss = accumulate(r.s, r.loss, loss.Client())
+		r.losses = append(r.losses, loss.Client())
 		r.correct = accumulate(r.s, r.correct, correct(r.s, logits.Client(), yc))
 		logits.Free()
 		x.Free()

@@ -201,6 +201,32 @@ func TestTrainSurvivesKilledWorker(t *testing.T) {
 	}
 }
 
+// TestTrainNamesTheNaNStep: a learning rate that blows the weights up
+// makes the loss NaN, and the run fails naming the step where it happened,
+// though it reads the loss only every 5 steps.
+func TestTrainNamesTheNaNStep(t *testing.T) {
+	b := brokertest.Run(t)
+	workertest.Run(t, b, workertest.CPUs(1))
+	data, err := mnistData()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.Connect(b.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	f := smallRun("cpu-0")
+	f.lr = 1e30 // past what validate lets through
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err = trainMNIST(ctx, c, f, data[0].Head(f.limit), data[1].Head(f.testLimit), io.Discard, nil)
+	if !errors.Is(err, errNaN) || !regexp.MustCompile(`not a number at step [2-5] \(epoch 1\)`).MatchString(err.Error()) {
+		t.Fatalf("err %v, want errNaN naming a step of the first check", err)
+	}
+	t.Log(err)
+}
+
 // checkpointed matches a worker's log line of a checkpoint holding a session.
 var checkpointed = regexp.MustCompile(`checkpoint at sequence \d+: [1-9]\d* sessions`)
 
