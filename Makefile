@@ -1,4 +1,4 @@
-# jetfabric: make demo runs the main job on the embedded default; make test passes the tests.
+# jetfabric: make demo shows the fabric on the embedded default; make test passes the tests.
 GO       ?= go
 BIN      ?= bin
 PKGS     := ./...
@@ -26,7 +26,8 @@ build:
 build-gpu:
 	CGO_ENABLED=1 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/jetfabric-gpu ./cmd/jetfabric
 
-## demo: the main job on the embedded default (broker and a CPU worker in one process)
+## demo: the fabric in a few seconds on the embedded default: two devices, a transfer, a job through the
+## queue, a few MNIST steps, a worker killed and its standby carrying on, every answer checked
 demo:
 	$(GO) run ./cmd/jetfabric demo
 
