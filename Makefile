@@ -70,7 +70,8 @@ compose-down:
 test-e2e: images
 	JETFABRIC_E2E=1 JETFABRIC_IMAGE=$(IMAGE) $(GO) test -count=1 -v -timeout 20m ./e2e
 
-## bench-scale: the same 32 jobs on 1, 2 and 4 worker containers (all cores each, then one core each), jobs/s
+## bench-scale: the same 32 jobs through the job queue on 1, 2 and 4 CPU-only worker containers
+## (all cores each, then one core each), jobs/s
 bench-scale: images
 	JETFABRIC_E2E=1 JETFABRIC_IMAGE=$(IMAGE) $(GO) test -count=1 -run x -bench Scale -benchtime 3x -timeout 20m ./e2e
 

@@ -2,20 +2,21 @@ package e2e
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"math"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/jetfabric/jetfabric/client"
 )
 
-// Scale benchmark: the same set of independent jobs on 1, 2 and 4 worker
-// replicas. A job is one session: a seeded 256x256 matrix, a chain of
-// matmuls with it (tanh between them, to keep the values bounded) and a
-// read of the mean. Jobs go round robin over the live devices and all run
-// at once; jobs/s is the set's size over its wall time.
+// Scale benchmark: the same set of independent jobs through the job queue
+// (FABRIC_JOBS) on 1, 2 and 4 worker replicas, each started with --jobs
+// cpu. A job is a seeded 256x256 matrix, a chain of matmuls with it (tanh
+// between them, to keep the values bounded) and its mean as the output. A
+// set's jobs are submitted at once and each replica takes one at a time;
+// jobs/s is the set's size over its wall time.
 const (
 	scaleJobs  = 32
 	scaleN     = 256
@@ -38,18 +39,14 @@ func BenchmarkScale(b *testing.B) {
 				b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
 					p.t = b
 					p.compose("up", "-d", "--scale", fmt.Sprintf("worker=%d", workers))
-					devs := waitLive(b, c, workers, 2*time.Minute)
-					var names []string
-					for _, d := range devs {
-						names = append(names, d.Name)
-					}
-					if err := scaleSet(c, names); err != nil { // warm up
+					waitLive(b, c, workers, 2*time.Minute)
+					if err := scaleSet(c); err != nil { // warm up
 						b.Fatal(err)
 					}
 					b.ResetTimer()
 					start := time.Now()
 					for range b.N {
-						if err := scaleSet(c, names); err != nil {
+						if err := scaleSet(c); err != nil {
 							b.Fatal(err)
 						}
 					}
@@ -62,45 +59,41 @@ func BenchmarkScale(b *testing.B) {
 	}
 }
 
-// scaleSet runs scaleJobs jobs at once, round robin over devices.
-func scaleSet(c *client.Client, devices []string) error {
+// scaleSet submits scaleJobs jobs at once and waits for every result,
+// checking each.
+func scaleSet(c *client.Client) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	errs := make(chan error, scaleJobs)
-	var wg sync.WaitGroup
+	ids := make([]string, scaleJobs)
 	for j := range scaleJobs {
-		wg.Go(func() {
-			errs <- scaleJob(ctx, c, devices[j%len(devices)], uint64(j))
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
+		job := c.NewJob()
+		job.Seed(uint64(j))
+		a := job.Uniform([]int{scaleN, scaleN}, -0.1, 0.1)
+		x := a
+		for range scaleChain {
+			x = x.Matmul(a).Tanh()
+		}
+		var err error
+		if ids[j], err = c.Submit(ctx, "cpu", job, x.Mean()); err != nil {
 			return err
 		}
 	}
-	return nil
-}
-
-func scaleJob(ctx context.Context, c *client.Client, device string, seed uint64) error {
-	s, err := c.Open(ctx, device)
+	res, err := c.Wait(ctx, ids...)
 	if err != nil {
 		return err
 	}
-	defer s.Close(ctx)
-	s.Seed(seed)
-	a := s.Uniform([]int{scaleN, scaleN}, -0.1, 0.1)
-	x := a
-	for range scaleChain {
-		x = x.Matmul(a).Tanh()
-	}
-	v, err := x.Mean().Float32s(ctx)
-	if err != nil {
-		return fmt.Errorf("job on %s: %w", device, err)
-	}
-	if math.IsNaN(float64(v[0])) || math.Abs(float64(v[0])) > 1 {
-		return fmt.Errorf("job on %s: mean %v", device, v[0])
+	for _, r := range res {
+		d, err := r.Output(ctx, 0)
+		if err != nil {
+			return fmt.Errorf("job %s on %s: %w", r.ID, r.Worker, err)
+		}
+		if len(d.Bytes) != 4 {
+			return fmt.Errorf("job %s on %s: output %s %v", r.ID, r.Worker, d.DType, d.Shape)
+		}
+		v := math.Float32frombits(binary.LittleEndian.Uint32(d.Bytes))
+		if math.IsNaN(float64(v)) || math.Abs(float64(v)) > 1 {
+			return fmt.Errorf("job %s on %s: mean %v", r.ID, r.Worker, v)
+		}
 	}
 	return nil
 }

@@ -72,9 +72,10 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	matChain := fs.Int("matmul-chain", 100, "with a GPU -device: products in the matmul chain")
 	chainMiB := fs.Int("chain-mib", 256, "with a GPU -device: MiB of float32 the 8-op chain runs over")
 	chainRuns := fs.Int("chain-runs", 50, "with a GPU -device: timed runs of the 8-op chain")
-	scale := fs.String("scale", "", "horizontal scaling instead: the same job sets on these numbers of worker processes, e.g. 1,2,4")
+	scale := fs.String("scale", "", "horizontal scaling instead: the same sets of jobs through the job queue on these numbers of worker processes, e.g. 1,2,4")
 	var sc scaleConfig
-	fs.IntVar(&sc.jobs, "scale-jobs", 32, "with -scale: jobs (sessions) in a set")
+	fs.IntVar(&sc.jobs, "scale-jobs", 32, "with -scale: jobs in a set")
+	fs.StringVar(&sc.gpus, "scale-gpus", "none", "with -scale: the workers' -gpus (none: CPU-only workers; cpu jobs run on the CPU either way)")
 	fs.IntVar(&sc.n, "scale-n", 256, "with -scale: matrix size of a job")
 	fs.IntVar(&sc.chain, "scale-chain", 8, "with -scale: matmuls in a job's chain")
 	fs.IntVar(&sc.sets, "scale-sets", 3, "with -scale: timed sets at each step")

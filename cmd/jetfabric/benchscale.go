@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -12,7 +13,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -20,17 +20,19 @@ import (
 )
 
 // scaleConfig is the horizontal scaling benchmark: the same set of
-// independent jobs on more and more worker processes. A job is one session:
-// a seeded n x n matrix, a chain of matmuls with it (tanh between them, to
-// keep the values bounded) and a read of the mean. The jobs of a set go
-// round robin over the live devices and all run at once.
+// independent jobs through the job queue (FABRIC_JOBS) on more and more
+// worker processes, each started with -jobs cpu. A job is a seeded n x n
+// matrix, a chain of matmuls with it (tanh between them, to keep the
+// values bounded) and its mean as the output. A set's jobs are all
+// submitted at once; each worker takes one at a time.
 type scaleConfig struct {
 	workers []int // worker processes, increasing
 	jobs    int
 	n       int
 	chain   int
-	sets    int // timed sets per step
-	cores   int // GOMAXPROCS of each worker (0: all)
+	sets    int    // timed sets per step
+	cores   int    // GOMAXPROCS of each worker (0: all)
+	gpus    string // the workers' -gpus: none unless asked
 }
 
 type scaleStep struct {
@@ -77,11 +79,15 @@ func (c scaleConfig) check() error {
 	case c.cores < 0:
 		return fmt.Errorf("-worker-cores %d: want 0 (all) or more", c.cores)
 	}
+	if _, err := (&workerFlags{gpus: c.gpus}).gpuCount(); err != nil {
+		return fmt.Errorf("-scale-gpus: %w", err)
+	}
 	return nil
 }
 
 // benchScale starts a broker process and adds worker processes (each
-// claiming a cpu slot) step by step, timing the job sets at each step.
+// claiming a cpu slot, so that the registry shows it live, and taking cpu
+// jobs) step by step, timing the job sets at each step.
 func benchScale(ctx context.Context, c scaleConfig, asJSON bool, stdout io.Writer, progress func(string, ...any)) error {
 	if err := c.check(); err != nil {
 		return err
@@ -136,25 +142,24 @@ func benchScale(ctx context.Context, c scaleConfig, asJSON bool, stdout io.Write
 	rep := scaleReport{
 		Machine:     fmt.Sprintf("%s/%s, %d CPUs", runtime.GOOS, runtime.GOARCH, runtime.NumCPU()),
 		WorkerCores: cores,
-		Job:         fmt.Sprintf("one session: %dx%d f32 uniform, %d x (matmul, tanh), mean, read", c.n, c.n, c.chain),
+		Job:         fmt.Sprintf("%dx%d f32 uniform, %d x (matmul, tanh), mean", c.n, c.n, c.chain),
 	}
 	running := 0
 	for _, n := range c.workers {
 		for ; running < n; running++ {
-			if err := start(env, "worker", "--url", url, "--claim", "cpu", "--idle-timeout", "1h"); err != nil {
+			if err := start(env, "worker", "--url", url, "--claim", "cpu", "--jobs", "cpu", "--gpus", c.gpus, "--idle-timeout", "1h"); err != nil {
 				return err
 			}
 		}
-		devices, err := waitLiveDevices(ctx, cl, n)
-		if err != nil {
+		if _, err := waitLiveDevices(ctx, cl, n); err != nil {
 			return err
 		}
-		if err := scaleSet(ctx, cl, devices, c); err != nil { // warm up
+		if err := scaleSet(ctx, cl, c); err != nil { // warm up
 			return err
 		}
 		t0 := time.Now()
 		for range c.sets {
-			if err := scaleSet(ctx, cl, devices, c); err != nil {
+			if err := scaleSet(ctx, cl, c); err != nil {
 				return err
 			}
 		}
@@ -170,8 +175,8 @@ func benchScale(ctx context.Context, c scaleConfig, asJSON bool, stdout io.Write
 		enc.SetIndent("", "  ")
 		return enc.Encode(rep)
 	}
-	fmt.Fprintf(stdout, "horizontal scaling: %d jobs a set, all at once, round robin over the devices; %s\n", c.jobs, rep.Machine)
-	fmt.Fprintf(stdout, "job: %s; worker processes with %s cores each, the broker in its own process, the client in this one\n", rep.Job, cores)
+	fmt.Fprintf(stdout, "horizontal scaling: %d jobs a set, all submitted at once to the job queue, each worker taking one at a time; %s\n", c.jobs, rep.Machine)
+	fmt.Fprintf(stdout, "job: %s; worker processes with %s cores each (-gpus %s), the broker in its own process, the client in this one\n", rep.Job, cores, c.gpus)
 	base := rep.Steps[0].JobsPerS
 	for _, st := range rep.Steps {
 		fmt.Fprintf(stdout, "%3d workers  %8.1f jobs/s  %7.2f GFLOP/s  %5.2fx\n", st.Workers, st.JobsPerS, st.GFLOPs, st.JobsPerS/base)
@@ -217,43 +222,41 @@ func waitLiveDevices(ctx context.Context, c *client.Client, n int) ([]string, er
 	}
 }
 
-// scaleSet runs c.jobs jobs at once, round robin over devices.
-func scaleSet(ctx context.Context, cl *client.Client, devices []string, c scaleConfig) error {
+// scaleSet submits c.jobs jobs at once to the cpu job queue and waits for
+// every result, checking each.
+func scaleSet(ctx context.Context, cl *client.Client, c scaleConfig) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
-	errs := make(chan error, c.jobs)
-	var wg sync.WaitGroup
+	ids := make([]string, c.jobs)
 	for j := range c.jobs {
-		wg.Go(func() { errs <- scaleJob(ctx, cl, devices[j%len(devices)], uint64(j), c) })
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
+		job := cl.NewJob()
+		job.Seed(uint64(j))
+		a := job.Uniform([]int{c.n, c.n}, -0.1, 0.1)
+		x := a
+		for range c.chain {
+			x = x.Matmul(a).Tanh()
+		}
+		var err error
+		if ids[j], err = cl.Submit(ctx, "cpu", job, x.Mean()); err != nil {
 			return err
 		}
 	}
-	return nil
-}
-
-func scaleJob(ctx context.Context, cl *client.Client, device string, seed uint64, c scaleConfig) error {
-	s, err := cl.Open(ctx, device)
+	res, err := cl.Wait(ctx, ids...)
 	if err != nil {
 		return err
 	}
-	defer s.Close(ctx)
-	s.Seed(seed)
-	a := s.Uniform([]int{c.n, c.n}, -0.1, 0.1)
-	x := a
-	for range c.chain {
-		x = x.Matmul(a).Tanh()
-	}
-	v, err := x.Mean().Float32s(ctx)
-	if err != nil {
-		return fmt.Errorf("job on %s: %w", device, err)
-	}
-	if math.IsNaN(float64(v[0])) || math.Abs(float64(v[0])) > 1 {
-		return fmt.Errorf("job on %s: mean %v", device, v[0])
+	for _, r := range res {
+		d, err := r.Output(ctx, 0)
+		if err != nil {
+			return fmt.Errorf("job %s on %s: %w", r.ID, r.Worker, err)
+		}
+		if d.DType != "f32" || len(d.Bytes) != 4 {
+			return fmt.Errorf("job %s on %s: output %s %v", r.ID, r.Worker, d.DType, d.Shape)
+		}
+		v := math.Float32frombits(binary.LittleEndian.Uint32(d.Bytes))
+		if math.IsNaN(float64(v)) || math.Abs(float64(v)) > 1 {
+			return fmt.Errorf("job %s on %s: mean %v", r.ID, r.Worker, v)
+		}
 	}
 	return nil
 }

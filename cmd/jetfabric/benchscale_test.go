@@ -8,7 +8,7 @@ import (
 )
 
 // TestBenchScale runs a tiny scaling benchmark: real broker and worker
-// processes, workers claiming their slots.
+// processes, jobs through the job queue.
 func TestBenchScale(t *testing.T) {
 	t.Setenv("JETFABRIC_TEST_MAIN", "1") // the spawned processes run main
 	var stdout, stderr bytes.Buffer
@@ -16,7 +16,7 @@ func TestBenchScale(t *testing.T) {
 	if code := run(context.Background(), args, &stdout, &stderr); code != 0 {
 		t.Fatalf("exit %d\n%s\n%s", code, stdout.String(), stderr.String())
 	}
-	for _, want := range []string{"1 workers", "2 workers", "jobs/s"} {
+	for _, want := range []string{"1 workers", "2 workers", "jobs/s", "job queue", "-gpus none"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Fatalf("no %q in\n%s", want, stdout.String())
 		}
@@ -33,6 +33,7 @@ func TestBenchScaleRejects(t *testing.T) {
 		{[]string{"bench", "--scale", "one"}, "want increasing"},
 		{[]string{"bench", "--scale", "1", "--scale-jobs", "0"}, "-scale-jobs 0"},
 		{[]string{"bench", "--scale", "1", "--worker-cores", "-1"}, "-worker-cores -1"},
+		{[]string{"bench", "--scale", "1", "--scale-gpus", "many"}, "-scale-gpus"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := run(context.Background(), c.args, &stdout, &stderr)
