@@ -60,7 +60,7 @@ func TestTransferFaults(t *testing.T) {
 	if _, err := lost.Float32s(ctx); err == nil || !strings.Contains(err.Error(), "did not arrive") {
 		t.Fatalf("import of a transfer never exposed: %v", err)
 	}
-	if el := time.Since(t0); el > 10*time.Second {
+	if el := time.Since(t0); el > time.Minute {
 		t.Errorf("the timeout took %v", el)
 	}
 
@@ -69,7 +69,7 @@ func TestTransferFaults(t *testing.T) {
 	id2 := "1123456789abcdef0123456789abcdef"
 	x.Expose(id2, 1)
 	expect(t, "first import", read(t, b.Import(id2, 0)), 2, 2, 2, 2)
-	second := open(t, c, "cpu-1").Apply(codec.Op{Op: "import", Transfer: id2, TimeoutMS: 2000})
+	second := open(t, c, "cpu-1").Apply(codec.Op{Op: "import", Transfer: id2, TimeoutMS: 60000})
 	if _, err := second.Float32s(ctx); err == nil || !strings.Contains(err.Error(), "already read 1 times") {
 		t.Fatalf("second import: %v", err)
 	}
@@ -112,7 +112,7 @@ func TestTransferFaults(t *testing.T) {
 	if _, err := js.Publish(ctx, chunks, make([]byte, 4000)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.Apply(codec.Op{Op: "import", Transfer: id4, TimeoutMS: 2000}).Float32s(ctx); err == nil || !strings.Contains(err.Error(), "corrupt") {
+	if _, err := b.Apply(codec.Op{Op: "import", Transfer: id4, TimeoutMS: 60000}).Float32s(ctx); err == nil || !strings.Contains(err.Error(), "corrupt") {
 		t.Fatalf("import of a corrupted transfer: %v", err)
 	}
 	// Forged announcements in FABRIC_CTRL: a chunk subject that is not a
@@ -131,7 +131,7 @@ func TestTransferFaults(t *testing.T) {
 		if _, err := kv.Put(ctx, "xfer.xfer-"+id, []byte(c.value)); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := b.Apply(codec.Op{Op: "import", Transfer: id, TimeoutMS: 2000}).Float32s(ctx); err == nil || !strings.Contains(err.Error(), c.want) {
+		if _, err := b.Apply(codec.Op{Op: "import", Transfer: id, TimeoutMS: 60000}).Float32s(ctx); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("import of forged announcement %s: %v, want %q", c.value, err, c.want)
 		}
 	}

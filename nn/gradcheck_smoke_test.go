@@ -81,7 +81,7 @@ func checkFor(t testing.TB, total, step time.Duration, fn func() error) {
 // after the answer to a sync in it).
 func expectBytes(t testing.TB, w *worker.Worker, want int64, what string) {
 	t.Helper()
-	checkFor(t, 5*time.Second, time.Millisecond, func() error {
+	checkFor(t, time.Minute, time.Millisecond, func() error {
 		if got := heldBytes(t, w); got != want {
 			return fmt.Errorf("%s: the worker holds %d tensor bytes, want %d", what, got, want)
 		}

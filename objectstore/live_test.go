@@ -92,7 +92,7 @@ func (w *handWriter) follow(s *objectstore.Store, dst []byte) <-chan error {
 // waitSubscribed returns once a reader listens on subject itself.
 func (e *env) waitSubscribed(t *testing.T, subject string) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
 		// The stream's own subscription (to every chunk subject) matches
 		// too: look for one to this subject alone.
 		sz, err := e.b.Server().Subsz(&server.SubszOptions{Subscriptions: true, Test: subject})

@@ -26,7 +26,7 @@ func claimWorker(t *testing.T, b *broker.Broker, id string, n int) *worker.Worke
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	names, err := worker.ClaimDevices(ctx, nc, worker.Claim{Kind: "cpu", Count: n, Worker: id, Heartbeat: 100 * time.Millisecond})
 	if err != nil {
@@ -90,7 +90,7 @@ func TestClaimConcurrent(t *testing.T) {
 				return
 			}
 			defer nc.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			got, err := worker.ClaimDevices(ctx, nc, worker.Claim{Kind: "cpu", Count: 2, Worker: fmt.Sprint("w", i)})
 			if err != nil {
@@ -128,7 +128,7 @@ func TestClaimRejects(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cases := []struct {
 		name    string

@@ -76,7 +76,7 @@ func TestMetrics(t *testing.T) {
 	// device records it as applied just after.
 	dev := `{device="cpu-0"}`
 	var m map[string]float64
-	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+	checkFor(t, time.Minute, 10*time.Millisecond, func() error {
 		if m = scrape(t, srv.URL); m["jetfabric_device_applied_sequence"+dev] != 3 {
 			return fmt.Errorf("applied sequence %v, want 3", m["jetfabric_device_applied_sequence"+dev])
 		}
@@ -116,7 +116,7 @@ func TestMetrics(t *testing.T) {
 	// lands just after.
 	r.sendJSON(`{"v":1,"ops":[{"op":"close","tag":3}]}`)
 	r.result()
-	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+	checkFor(t, time.Minute, 10*time.Millisecond, func() error {
 		m := scrape(t, srv.URL)
 		if m["jetfabric_device_tensor_bytes"+dev] != 0 || m["jetfabric_device_sessions"+dev] != 0 {
 			return fmt.Errorf("after close: tensor bytes %v, sessions %v", m["jetfabric_device_tensor_bytes"+dev], m["jetfabric_device_sessions"+dev])
@@ -179,7 +179,7 @@ func TestJobAndCheckpointMetrics(t *testing.T) {
 
 	// The results are stored before the counters move: wait for them.
 	var m map[string]float64
-	checkFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+	checkFor(t, time.Minute, 10*time.Millisecond, func() error {
 		m = scrape(t, srv.URL)
 		if m[`jetfabric_jobs_total{kind="cpu",outcome="ok"}`]+m[`jetfabric_jobs_total{kind="cpu",outcome="failed"}`] != 2 ||
 			m[`jetfabric_device_checkpoints_total{device="cpu-0"}`] < 1 {

@@ -122,7 +122,7 @@ func TestNVMLRegistryAndTelemetry(t *testing.T) {
 		}
 	})
 	seen := map[string]bool{}
-	deadline := time.After(10 * time.Second)
+	deadline := time.After(time.Minute)
 	for len(seen) < 8 {
 		select {
 		case s := <-got:

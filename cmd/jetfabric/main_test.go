@@ -79,7 +79,7 @@ func waitDevice(t *testing.T, url, device string) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		devs, err := c.Devices(context.Background())
 		if err == nil {

@@ -34,7 +34,7 @@ func TestUpMetrics(t *testing.T) {
 		done <- run(ctx, []string{"up", "--store", t.TempDir(), "--listen", "127.0.0.1:-1", "--http", "", "--metrics", addr}, &stdout, &stderr)
 	}()
 	var body string
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for {
 		resp, err := http.Get("http://" + addr + "/metrics")
 		if err == nil {
@@ -72,7 +72,7 @@ func TestUpMetrics(t *testing.T) {
 		if code != 0 {
 			t.Errorf("up exited %d: %s", code, stderr.String())
 		}
-	case <-time.After(20 * time.Second):
+	case <-time.After(time.Minute):
 		t.Fatal("up did not stop")
 	}
 	if _, err := http.Get("http://" + addr + "/metrics"); err == nil {

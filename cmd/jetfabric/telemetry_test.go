@@ -32,7 +32,7 @@ func TestTelemetryTable(t *testing.T) {
 	if err := nc.Publish(names.Telemetry("gpu-0"), data); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	tw.wait(ctx, []string{"gpu-0"})
 	devs := []client.Device{{Name: "cpu-0", Kind: "cpu"}, {Name: "gpu-0", Kind: "gpu", Props: map[string]string{"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"}}}

@@ -64,7 +64,7 @@ func startFabric(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := w.Start(ctx); err != nil {
 		t.Fatal(err)
