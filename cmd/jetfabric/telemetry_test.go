@@ -38,12 +38,17 @@ func TestTelemetryTable(t *testing.T) {
 	devs := []client.Device{{Name: "cpu-0", Kind: "cpu"}, {Name: "gpu-0", Kind: "gpu", Props: map[string]string{"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"}}}
 	var out bytes.Buffer
 	tw.print(&out, devs, time.Now())
-	for _, want := range []string{"gpu-0", "NVIDIA H100 80GB HBM3", "9.0", "87%", "3.0 / 80.0 GiB", "45 C", "312 W"} {
+	for _, want := range []string{"gpu-0", "H100 80GB HBM3", "9.0", "87%", "3.0/80.0", "45 C", "312 W"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, out.String())
 		}
 	}
 	if strings.Contains(out.String(), "cpu-0") {
 		t.Errorf("table lists cpu-0:\n%s", out.String())
+	}
+	for _, l := range strings.Split(out.String(), "\n") {
+		if len(l) > 80 {
+			t.Errorf("%d columns: %q", len(l), l)
+		}
 	}
 }
