@@ -15,7 +15,9 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -244,6 +246,49 @@ func TestComposeDemo(t *testing.T) {
 	// The broker reports healthy through the image's own health check.
 	if out := p.compose("ps"); !strings.Contains(out, "healthy") {
 		t.Errorf("broker not reported healthy:\n%s", out)
+	}
+	// The demo ran a job through the queue: the worker takes jobs.
+	if !strings.Contains(out, "through FABRIC_JOBS: taken by worker") {
+		t.Errorf("the demo ran no job:\n%s", out)
+	}
+	// /metrics of the broker on its published loopback port, and of the
+	// worker on the port Docker picked, job-queue series included.
+	broker := scrapeMetrics(t, fmt.Sprintf("127.0.0.1:%d", p.ports["JETFABRIC_METRICS_PORT"]))
+	for _, want := range []string{`jetfabric_stream_messages{stream="FABRIC_JOBS"}`, "jetfabric_broker_connections{"} {
+		if !strings.Contains(broker, want) {
+			t.Errorf("broker metrics lack %s", want)
+		}
+	}
+	addr := strings.TrimSpace(p.compose("port", "worker", "9090"))
+	if !strings.HasPrefix(addr, "127.0.0.1:") {
+		t.Fatalf("worker metrics published on %q, want 127.0.0.1:PORT", addr)
+	}
+	worker := scrapeMetrics(t, addr)
+	for _, want := range []string{`jetfabric_jobs_total{kind="cpu",outcome="ok"} 1`, `jetfabric_device_checkpoints_total{device="cpu-0"}`} {
+		if !strings.Contains(worker, want) {
+			t.Errorf("worker metrics lack %s:\n%s", want, worker)
+		}
+	}
+}
+
+// scrapeMetrics GETs http://addr/metrics, retrying while the port comes up.
+func scrapeMetrics(t testing.TB, addr string) string {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err == nil {
+			b, rerr := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if rerr == nil && resp.StatusCode == http.StatusOK {
+				return string(b)
+			}
+			err = fmt.Errorf("%s: %v", resp.Status, rerr)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("GET http://%s/metrics: %v", addr, err)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
 
