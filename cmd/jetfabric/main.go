@@ -189,6 +189,10 @@ var helps = map[string]commandHelp{
 	"healthcheck": {"Exits 0 if the broker's JetStream answers healthy on its monitoring port (for container\n" +
 		"health checks), else 1.",
 		[]string{"jetfabric healthcheck --http 127.0.0.1:8222"}},
+	"train": {"Trains an MNIST model on the fabric (an MLP, or PyTorch's example CNN) with Adam, data-parallel\n" +
+		"over --devices, and reports the test accuracy. Without --url it starts an embedded fabric with\n" +
+		"the devices named. The data comes from the Go module cache (or --data).",
+		[]string{"jetfabric train --epochs 1", "jetfabric train --model cnn --devices cpu-0,cpu-1 --save mnist.safetensors"}},
 	"version": {"Prints the version of this build, the Go version and the platform.",
 		[]string{"jetfabric version", "jetfabric --version"}},
 }
