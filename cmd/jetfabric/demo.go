@@ -605,8 +605,12 @@ func demoMNIST(ctx context.Context, c *client.Client, devices []string, steps in
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "MNIST: %d steps of %d examples, an MLP 784-64-64-10 data-parallel on %s: loss %.3f, test accuracy %.1f%% on %d examples (chance: 10%%), %.0f ms a step\n",
-		rep.Steps, demoBatch, strings.Join(devices, " and "), rep.FinalLoss, 100*rep.TestAccuracy, rep.TestExamples, rep.StepMS)
+	where := "on " + devices[0]
+	if len(devices) > 1 {
+		where = "data-parallel on " + strings.Join(devices, " and ")
+	}
+	fmt.Fprintf(out, "MNIST: %d steps of %d examples, an MLP 784-64-64-10 %s: loss %.3f, test accuracy %.1f%% on %d examples (chance: 10%%), %.0f ms a step\n",
+		rep.Steps, demoBatch, where, rep.FinalLoss, 100*rep.TestAccuracy, rep.TestExamples, rep.StepMS)
 	return nil
 }
 
