@@ -558,9 +558,13 @@ func demoFailover(ctx context.Context, c *client.Client, s *client.Session, f *d
 	if err != nil {
 		return err
 	}
-	for _, d := range devs {
-		if d.Name == s.Device() {
-			owner = d.Worker
+	// The registry entry is rewritten once a heartbeat: ask each worker
+	// for its own, current view.
+	tv := &topView{nc: c.Conn(), names: subjects.Default()}
+	for i := range devs {
+		tv.refresh(ctx, &devs[i])
+		if devs[i].Name == s.Device() {
+			owner = devs[i].Worker
 		}
 	}
 	if owner != "demo-b" {
