@@ -4,18 +4,31 @@ package cpu
 
 import "runtime"
 
-// The float32 matmul on amd64 with AVX2 and FMA: the packed product of
-// matmul.go with a 6×16 assembly micro-kernel (gemm_amd64.s). Each element
-// of C sums k in blocks of gkc, in order, the first block stored and each
-// later one added, so the bits do not depend on how the tiles are spread
-// over the cores.
-
-// gemm6x16 computes the 6×16 product of a packed A panel (6 rows, k
-// interleaved) and a packed B panel (16 columns, k interleaved), both k
-// long, and stores it to C at c (row length ldc), or adds it there if add.
+// The float matmul on amd64: a packed product (B packed in panels of nr
+// columns, A copied a micro-panel of mr rows at a time) around assembly
+// micro-kernels (gemm_amd64.s), AVX-512 ones where the CPU has AVX-512,
+// else AVX2 and FMA ones, else the pure-Go product of matmul.go.
 //
+// Each element of C sums k in blocks (gemmBlocks), in order, the first
+// block stored and each later one added, each block one chain of fused
+// multiply-adds in k order. So the bits depend on the shape alone: not on
+// how the tiles are spread over the cores, nor on which kernel runs.
+
+// The micro-kernels: C[mr×nr] at c (row length ldc) = A[mr×k] at a (row
+// length lda) · B, B a packed panel (k steps of nr elements); stored, or
+// added to C if add.
+
 //go:noescape
-func gemm6x16(k int, a, b, c *float32, ldc int, add bool)
+func gemm6x16(k int, a *float32, lda int, b, c *float32, ldc int, add bool)
+
+//go:noescape
+func gemm6x8d(k int, a *float64, lda int, b, c *float64, ldc int, add bool)
+
+//go:noescape
+func gemm12x32(k int, a *float32, lda int, b, c *float32, ldc int, add bool)
+
+//go:noescape
+func gemm12x16d(k int, a *float64, lda int, b, c *float64, ldc int, add bool)
 
 // cpuid executes CPUID with EAX=leaf and ECX=sub.
 func cpuid(leaf, sub uint32) (a, b, c, d uint32)
@@ -23,72 +36,115 @@ func cpuid(leaf, sub uint32) (a, b, c, d uint32)
 // xgetbv0 reads XCR0, the state the OS saves and restores.
 func xgetbv0() (lo, hi uint32)
 
-// hasAVX2FMA reports whether the CPU has AVX2 and FMA and the OS saves
-// the YMM registers.
-var hasAVX2FMA = detectAVX2FMA()
+// hasAVX2FMA reports whether the CPU has AVX2 and FMA and the OS saves the
+// YMM registers; hasAVX512 whether it also has AVX-512F and the OS saves
+// the ZMM and mask registers.
+var hasAVX2FMA, hasAVX512 = detectSIMD()
 
-func detectAVX2FMA() bool {
+func detectSIMD() (avx2, avx512 bool) {
 	maxLeaf, _, _, _ := cpuid(0, 0)
 	if maxLeaf < 7 {
-		return false
+		return false, false
 	}
 	_, _, c1, _ := cpuid(1, 0)
 	const fma, osxsave, avx = 1 << 12, 1 << 27, 1 << 28
 	if c1&(fma|osxsave|avx) != fma|osxsave|avx {
-		return false
+		return false, false
 	}
-	if xcr0, _ := xgetbv0(); xcr0&6 != 6 { // XMM and YMM state
-		return false
+	xcr0, _ := xgetbv0()
+	if xcr0&6 != 6 { // XMM and YMM state
+		return false, false
 	}
 	_, b7, _, _ := cpuid(7, 0)
-	return b7&(1<<5) != 0 // AVX2
+	avx2 = b7&(1<<5) != 0
+	avx512 = avx2 && b7&(1<<16) != 0 && xcr0&0xe0 == 0xe0 // opmask, ZMM0-15 upper halves, ZMM16-31
+	return avx2, avx512
 }
 
-// Blocking of the assembly path: gmr×gnr micro-tiles; k in blocks of gkc
-// (a B micro-panel of gkc×gnr stays in L1); tiles of at most gmc×gnc (the
-// packed A block in L2, B block in L2 or L3).
-const (
-	gmr = 6
-	gnr = 16
-	gkc = 256
-	gmc = 192
-	gnc = 512
+// gemmKernel is a micro-kernel and its block shape.
+type gemmKernel[T float] struct {
+	mr, nr int
+	run    func(k int, a *T, lda int, b, c *T, ldc int, add bool)
+}
+
+var (
+	kern6x16   = gemmKernel[float32]{6, 16, gemm6x16}
+	kern12x32  = gemmKernel[float32]{12, 32, gemm12x32}
+	kern6x8d   = gemmKernel[float64]{6, 8, gemm6x8d}
+	kern12x16d = gemmKernel[float64]{12, 16, gemm12x16d}
 )
 
-// matmulF32 is the float32 matmul: the assembly path where the CPU has
-// it, else the pure-Go one.
+// Blocking: k in blocks of at most gkc (a micro-panel of A, mr×gkc, stays
+// in L1 while the tile's B panels stream from L2); a tile holds at most
+// gnc bytes of columns of B a k step, and packs as many k blocks of B at
+// once as fit in gpb bytes.
+const (
+	gkc = 256
+	gnc = 2048
+	gpb = 512 << 10
+)
+
+// matmulF32 is the float32 matmul.
 func matmulF32(p *mm, c, a, b []float32) {
 	if !hasAVX2FMA {
 		matmulFloat(p, c, a, b, micro2x4)
 		return
 	}
+	kern := kern6x16
+	if hasAVX512 && p.m >= 12 && p.n >= 32 {
+		kern = kern12x32
+	}
+	gemmSIMD(p, c, a, b, kern)
+}
+
+// matmulF64 is the float64 matmul.
+func matmulF64(p *mm, c, a, b []float64) {
+	if !hasAVX2FMA {
+		matmulFloat(p, c, a, b, micro2x4f64)
+		return
+	}
+	kern := kern6x8d
+	if hasAVX512 && p.m >= 12 && p.n >= 16 {
+		kern = kern12x16d
+	}
+	gemmSIMD(p, c, a, b, kern)
+}
+
+func gemmSIMD[T float](p *mm, c, a, b []T, kern gemmKernel[T]) {
 	if p.k == 0 {
 		clear(c)
 		return
 	}
-	if p.n < gnr || p.m < gmr || p.m*p.n*p.k <= smallMatmul {
+	if p.n < kern.nr || p.m < kern.mr || p.m*p.n*p.k <= smallMatmul {
 		matmulSimple(p, c, a, b)
 		return
 	}
-	gemmAVX(*p, c, a, b)
+	gemmPacked(*p, c, a, b, kern)
 }
 
-// gemmAVX is the packed product with the assembly micro-kernel, in tiles
-// spread over the cores. It takes p by value so that the caller's copy
-// stays on its stack.
-func gemmAVX(pv mm, c, a, b []float32) {
+// gemmBlocks is the number of k blocks: k is cut into that many blocks of
+// nearly equal length, block i from gemmBlock(k, nb, i).
+func gemmBlocks(k int) int { return (k + gkc - 1) / gkc }
+
+// gemmBlock is the start of k block i of nb.
+func gemmBlock(k, nb, i int) int { return k * i / nb }
+
+// gemmPacked is the packed product, in tiles spread over the cores. It
+// takes p by value so that the caller's copy stays on its stack.
+func gemmPacked[T float](pv mm, c, a, b []T, kern gemmKernel[T]) {
 	p := &pv
 	m, n := p.m, p.n
-	procs := runtime.GOMAXPROCS(0)
+	mr, nr := kern.mr, kern.nr
 	w := 1
 	if p.m*p.n*p.k >= 1<<18 {
-		w = procs
+		w = runtime.GOMAXPROCS(0)
 	}
-	// Tiles of at most gnc columns and as many rows as can be, so that each
-	// packed block of B serves many blocks of A; cut into at least two
-	// tiles a core, as long as tiles keep at least 48 rows and 64 columns.
-	// (The tiling does not change the bits: see above.)
-	tm, tn := 1, (n+gnc-1)/gnc
+	// Tiles of at most gnc bytes of columns and as many rows as can be, so
+	// that each packed block of B serves many rows of A; cut into at least
+	// two tiles a core, as long as tiles keep at least 48 rows and 64
+	// columns. (The tiling does not change the bits: see above.)
+	maxCols := gnc / sizeOf[T]()
+	tm, tn := 1, (n+maxCols-1)/maxCols
 	for p.batch.n*tm*tn < 2*w {
 		hm, hn := m/(tm+1), n/(tn+1)
 		if hm >= 48 && (hm >= hn || hn < 64) {
@@ -99,8 +155,8 @@ func gemmAVX(pv mm, c, a, b []float32) {
 			break
 		}
 	}
-	tmc := roundUp((m+tm-1)/tm, gmr)
-	tnc := roundUp((n+tn-1)/tn, gnr)
+	tmc := roundUp((m+tm-1)/tm, mr)
+	tnc := roundUp((n+tn-1)/tn, nr)
 	tm, tn = (m+tmc-1)/tmc, (n+tnc-1)/tnc
 	tasks := p.batch.n * tm * tn
 	run := func(lo, hi int) {
@@ -108,16 +164,15 @@ func gemmAVX(pv mm, c, a, b []float32) {
 		defer f64Pool.Put(ah)
 		defer f64Pool.Put(bh)
 		defer f64Pool.Put(eh)
-		pa := packBuf[float32](ah, min(tmc, gmc)*gkc)
-		pb := packBuf[float32](bh, tnc*gkc)
-		edge := packBuf[float32](eh, gmr*gnr)
+		var g gemmScratch[T]
+		g.init(p.k, tnc, kern, ah, bh, eh)
 		for t := lo; t < hi; t++ {
 			bi, rest := t/(tm*tn), t%(tm*tn)
 			ti, tj := rest/tn, rest%tn
 			oa, ob, oc := p.offsets(bi)
 			i0, j0 := ti*tmc, tj*tnc
-			gemmTileAVX(p, c[oc:oc+m*n], a[oa:oa+m*p.k], b[ob:ob+p.k*n],
-				i0, j0, min(tmc, m-i0), min(tnc, n-j0), pa, pb, edge)
+			gemmTileSIMD(p, c[oc:oc+m*n], a[oa:oa+m*p.k], b[ob:ob+p.k*n],
+				i0, j0, min(tmc, m-i0), min(tnc, n-j0), &g, kern)
 		}
 	}
 	w = min(w, tasks)
@@ -128,42 +183,74 @@ func gemmAVX(pv mm, c, a, b []float32) {
 	run(0, tasks)
 }
 
+// gemmScratch is a task's packing buffers: pa holds mr rows of A (row
+// length lda) over a group of k blocks, pb the packed B of those blocks,
+// edge one micro-tile.
+type gemmScratch[T float] struct {
+	pa, pb, edge []T
+	lda          int
+	nkb, gb      int // k blocks, and blocks a group
+}
+
+func (g *gemmScratch[T]) init(k, tnc int, kern gemmKernel[T], ah, bh, eh *[]float64) {
+	g.nkb = gemmBlocks(k)
+	kb := (k + g.nkb - 1) / g.nkb // longest block
+	g.gb = max(1, min(g.nkb, gpb/sizeOf[T]()/(kb*tnc)))
+	gk := min(k, g.gb*kb) // k span of a group, at most
+	g.lda = roundUp(gk, 16) + 16
+	g.pa = packBuf[T](ah, kern.mr*g.lda)
+	g.pb = packBuf[T](bh, gk*tnc)
+	g.edge = packBuf[T](eh, kern.mr*kern.nr)
+}
+
 func roundUp(x, m int) int { return (x + m - 1) / m * m }
 
-// gemmTileAVX computes rows [i0, i0+rows) and columns [j0, j0+cols) of
-// one batch's C (m×n) = A (m×k) · B (k×n): per block of k, it packs that
-// block of B once, then A gmc rows at a time.
-func gemmTileAVX(p *mm, c, a, b []float32, i0, j0, rows, cols int, pa, pb, edge []float32) {
+// gemmTileSIMD computes rows [i0, i0+rows) and columns [j0, j0+cols) of one
+// batch's C (m×n) = A (m×k) · B (k×n): per group of k blocks, it packs B,
+// then for each mr rows copies them from A and runs the kernel along the
+// columns, block after block.
+func gemmTileSIMD[T float](p *mm, c, a, b []T, i0, j0, rows, cols int, g *gemmScratch[T], kern gemmKernel[T]) {
 	n, k := p.n, p.k
-	jp := (cols + gnr - 1) / gnr
-	edge = edge[:gmr*gnr]
-	for pc := 0; pc < k; pc += gkc {
-		kk := min(gkc, k-pc)
-		pb := pb[:jp*gnr*kk]
-		packB16(pb, b, n, j0, cols, pc, kk)
-		add := pc > 0
-		for ic := i0; ic < i0+rows; ic += gmc {
-			mrows := min(gmc, i0+rows-ic)
-			ip := (mrows + gmr - 1) / gmr
-			pa := pa[:ip*gmr*kk]
-			packA6(pa, a, k, ic, mrows, pc, kk)
-			for jb := range jp {
-				bpan := pb[jb*gnr*kk : (jb+1)*gnr*kk]
-				cj := j0 + jb*gnr
-				wide := cj+gnr <= j0+cols
-				for ib := range ip {
-					apan := pa[ib*gmr*kk : (ib+1)*gmr*kk]
-					ci := ic + ib*gmr
-					if wide && ci+gmr <= ic+mrows {
-						_ = c[(ci+gmr-1)*n+cj+gnr-1] // the kernel's last element
-						gemm6x16(kk, &apan[0], &bpan[0], &c[ci*n+cj], n, add)
+	mr, nr := kern.mr, kern.nr
+	jp := (cols + nr - 1) / nr
+	for b0 := 0; b0 < g.nkb; b0 += g.gb {
+		b1 := min(b0+g.gb, g.nkb)
+		k0, k1 := gemmBlock(k, g.nkb, b0), gemmBlock(k, g.nkb, b1)
+		for bi := b0; bi < b1; bi++ {
+			pc, pe := gemmBlock(k, g.nkb, bi), gemmBlock(k, g.nkb, bi+1)
+			packBPanels(g.pb[(pc-k0)*jp*nr:(pe-k0)*jp*nr], b, n, j0, cols, pc, pe-pc, nr)
+		}
+		gk := k1 - k0
+		for ir := 0; ir < rows; ir += mr {
+			nrow := min(mr, rows-ir)
+			for r := range mr {
+				dst := g.pa[r*g.lda : r*g.lda+gk]
+				if r < nrow {
+					src := (i0 + ir + r) * k
+					copy(dst, a[src+k0:src+k1])
+				} else {
+					clear(dst)
+				}
+			}
+			ci := i0 + ir
+			for bi := b0; bi < b1; bi++ {
+				pc, pe := gemmBlock(k, g.nkb, bi), gemmBlock(k, g.nkb, bi+1)
+				kk, add := pe-pc, pc > 0
+				pa := &g.pa[pc-k0]
+				pb := g.pb[(pc-k0)*jp*nr : (pe-k0)*jp*nr]
+				for jb := range jp {
+					bp := &pb[jb*kk*nr]
+					cj := j0 + jb*nr
+					if nrow == mr && cj+nr <= j0+cols {
+						_ = c[(ci+mr-1)*n+cj+nr-1] // the kernel's last element
+						kern.run(kk, pa, g.lda, bp, &c[ci*n+cj], n, add)
 						continue
 					}
-					gemm6x16(kk, &apan[0], &bpan[0], &edge[0], gnr, false)
-					for r := 0; r < gmr && ci+r < ic+mrows; r++ {
-						w := min(gnr, j0+cols-cj)
-						dst := c[(ci+r)*n+cj : (ci+r)*n+cj+w]
-						src := edge[r*gnr : r*gnr+w]
+					kern.run(kk, pa, g.lda, bp, &g.edge[0], nr, false)
+					wc := min(nr, j0+cols-cj)
+					for r := range nrow {
+						dst := c[(ci+r)*n+cj : (ci+r)*n+cj+wc]
+						src := g.edge[r*nr : r*nr+wc]
 						if add {
 							for q, v := range src {
 								dst[q] += v
@@ -178,55 +265,21 @@ func gemmTileAVX(p *mm, c, a, b []float32, i0, j0, rows, cols int, pa, pb, edge 
 	}
 }
 
-// packA6 packs rows [i0, i0+rows) and columns [pc, pc+kk) of A (row
-// length k) into panels of 6 rows: element (r, q) of panel ib at
-// ib*6*kk + q*6 + r. Rows past the end are zero.
-func packA6(dst, a []float32, k, i0, rows, pc, kk int) {
-	for ib := 0; ib*gmr < rows; ib++ {
-		pan := dst[ib*gmr*kk : (ib+1)*gmr*kk]
-		base := (i0+ib*gmr)*k + pc
-		if ib*gmr+gmr <= rows {
-			r0 := a[base : base+kk]
-			r1 := a[base+k : base+k+kk]
-			r2 := a[base+2*k : base+2*k+kk]
-			r3 := a[base+3*k : base+3*k+kk]
-			r4 := a[base+4*k : base+4*k+kk]
-			r5 := a[base+5*k : base+5*k+kk]
-			for q, v := range r0 {
-				d := pan[q*gmr : q*gmr+gmr : q*gmr+gmr]
-				d[0], d[1], d[2], d[3], d[4], d[5] = v, r1[q], r2[q], r3[q], r4[q], r5[q]
-			}
-			continue
-		}
-		for r := range gmr {
-			if ib*gmr+r >= rows {
-				for q := range kk {
-					pan[q*gmr+r] = 0
-				}
-				continue
-			}
-			for q, v := range a[base+r*k : base+r*k+kk] {
-				pan[q*gmr+r] = v
-			}
-		}
-	}
-}
-
-// packB16 packs rows [pc, pc+kk) and columns [j0, j0+cols) of B (row
-// length n) into panels of 16 columns: element (q, s) of panel jb at
-// jb*16*kk + q*16 + s. Columns past the end are zero.
-func packB16(dst, b []float32, n, j0, cols, pc, kk int) {
-	full := cols / gnr
+// packBPanels packs rows [pc, pc+kk) and columns [j0, j0+cols) of B (row
+// length n) into panels of nr columns: element (q, s) of panel jb at
+// jb*nr*kk + q*nr + s. Columns past the end are zero.
+func packBPanels[T float](dst, b []T, n, j0, cols, pc, kk, nr int) {
+	full := cols / nr
 	for q := range kk {
 		row := b[(pc+q)*n+j0 : (pc+q)*n+j0+cols]
 		for jb := range full {
-			o := jb*gnr*kk + q*gnr
-			*(*[gnr]float32)(dst[o:]) = *(*[gnr]float32)(row[jb*gnr:])
+			o := jb*nr*kk + q*nr
+			copy(dst[o:o+nr], row[jb*nr:])
 		}
-		if full*gnr < cols {
-			o := full*gnr*kk + q*gnr
-			d := dst[o : o+gnr]
-			m := copy(d, row[full*gnr:])
+		if full*nr < cols {
+			o := full*nr*kk + q*nr
+			d := dst[o : o+nr]
+			m := copy(d, row[full*nr:])
 			clear(d[m:])
 		}
 	}

@@ -102,7 +102,7 @@ func execMatmul(b *Backend, op *kernels.Op, in, out []*kernels.Tensor) error {
 	case kernels.Float32:
 		matmulF32(&p, view[float32](yd, ny), view[float32](xd, nx), view[float32](zd, nz))
 	case kernels.Float64:
-		matmulFloat(&p, view[float64](yd, ny), view[float64](xd, nx), view[float64](zd, nz), micro2x4f64)
+		matmulF64(&p, view[float64](yd, ny), view[float64](xd, nx), view[float64](zd, nz))
 	case kernels.Int32:
 		matmulSimple(&p, view[int32](yd, ny), view[int32](xd, nx), view[int32](zd, nz))
 	case kernels.Int64:
