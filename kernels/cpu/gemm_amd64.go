@@ -2,10 +2,13 @@
 
 package cpu
 
-import "runtime"
+import (
+	"runtime"
+	"sync/atomic"
+)
 
 // The float matmul on amd64: a packed product (B packed in panels of nr
-// columns, A copied a micro-panel of mr rows at a time) around assembly
+// columns, A read in place) around assembly
 // micro-kernels (gemm_amd64.s), AVX-512 ones where the CPU has AVX-512,
 // else AVX2 and FMA ones, else the pure-Go product of matmul.go.
 //
@@ -74,14 +77,15 @@ var (
 	kern12x16d = gemmKernel[float64]{12, 16, gemm12x16d}
 )
 
-// Blocking: k in blocks of at most gkc (a micro-panel of A, mr×gkc, stays
-// in L1 while the tile's B panels stream from L2); a tile holds at most
-// gnc bytes of columns of B a k step, and packs as many k blocks of B at
-// once as fit in gpb bytes.
+// Blocking: k in blocks of at most gkc (mr rows of A over a block stay in
+// L1 while the tile's B panels stream from L2); a tile has at most gnc
+// bytes of columns of B a k step, and packs as many k blocks of B at once
+// as fit in gpb bytes, so that with k up to gpb/gnc its strip of C stays in
+// L1 from the first block to the last.
 const (
 	gkc = 256
-	gnc = 2048
-	gpb = 512 << 10
+	gnc = 1024
+	gpb = 1 << 20
 )
 
 // matmulF32 is the float32 matmul.
@@ -91,7 +95,7 @@ func matmulF32(p *mm, c, a, b []float32) {
 		return
 	}
 	kern := kern6x16
-	if hasAVX512 && p.m >= 12 && p.n >= 32 {
+	if hasAVX512 && p.m >= 12 && p.n > 16 {
 		kern = kern12x32
 	}
 	gemmSIMD(p, c, a, b, kern)
@@ -104,7 +108,7 @@ func matmulF64(p *mm, c, a, b []float64) {
 		return
 	}
 	kern := kern6x8d
-	if hasAVX512 && p.m >= 12 && p.n >= 16 {
+	if hasAVX512 && p.m >= 12 && p.n > 8 {
 		kern = kern12x16d
 	}
 	gemmSIMD(p, c, a, b, kern)
@@ -115,7 +119,7 @@ func gemmSIMD[T float](p *mm, c, a, b []T, kern gemmKernel[T]) {
 		clear(c)
 		return
 	}
-	if p.n < kern.nr || p.m < kern.mr || p.m*p.n*p.k <= smallMatmul {
+	if p.m*p.n*p.k <= smallMatmul || p.n == 1 {
 		matmulSimple(p, c, a, b)
 		return
 	}
@@ -129,16 +133,90 @@ func gemmBlocks(k int) int { return (k + gkc - 1) / gkc }
 // gemmBlock is the start of k block i of nb.
 func gemmBlock(k, nb, i int) int { return k * i / nb }
 
-// gemmPacked is the packed product, in tiles spread over the cores. It
+// gemmPacked is the packed product, on as many cores as it is worth. It
 // takes p by value so that the caller's copy stays on its stack.
 func gemmPacked[T float](pv mm, c, a, b []T, kern gemmKernel[T]) {
 	p := &pv
-	m, n := p.m, p.n
-	mr, nr := kern.mr, kern.nr
 	w := 1
-	if p.m*p.n*p.k >= 1<<18 {
+	if p.m*p.n*p.k >= gemmParallel {
 		w = runtime.GOMAXPROCS(0)
 	}
+	if p.batch.n == 1 && p.k*roundUp(p.n, kern.nr)*sizeOf[T]() <= gpbShared {
+		gemmShared(p, c, a, b, kern, w)
+		return
+	}
+	gemmTiles(p, c, a, b, kern, w)
+}
+
+// gemmParallel is the m·n·k from which a product spreads over the cores.
+const gemmParallel = 1 << 20
+
+// gpbShared is the most bytes of packed B that gemmShared packs.
+const gpbShared = 2 << 20
+
+// gemmShared computes one matrix product whose B, packed whole, takes at
+// most gpbShared bytes, on w goroutines: they pack B's panels, taking them
+// one at a time, then C's rows, a few micro-panels at a time. Neither step
+// waits for a goroutine that has not started, so one the scheduler starts
+// late only takes less of the work.
+func gemmShared[T float](p *mm, c, a, b []T, kern gemmKernel[T], w int) {
+	m, n, k := p.m, p.n, p.k
+	mr, nr := kern.mr, kern.nr
+	nkb := gemmBlocks(k)
+	jp := (n + nr - 1) / nr
+	bh := getF64(0)
+	defer f64Pool.Put(bh)
+	pb := packBuf[T](bh, k*jp*nr)
+	packs := nkb * jp
+	ip := (m + mr - 1) / mr
+	chunk := max(1, (1<<18)/(mr*n*k)) // micro-panels a take, about 2^19 flops or more
+	chunks := (ip + chunk - 1) / chunk
+	var nextPack, packed, nextChunk atomicInt
+	work := func(_, _ int) {
+		for {
+			t := nextPack.add() - 1
+			if t >= packs {
+				break
+			}
+			bi, jb := t/jp, t%jp
+			pc, pe := gemmBlock(k, nkb, bi), gemmBlock(k, nkb, bi+1)
+			kk := pe - pc
+			cols := min(nr, n-jb*nr)
+			packBPanels(pb[pc*jp*nr+jb*kk*nr:pc*jp*nr+(jb+1)*kk*nr], b, n, jb*nr, cols, pc, kk, nr)
+			packed.add()
+		}
+		for packed.load() < packs {
+			runtime.Gosched()
+		}
+		ah, eh := getF64(0), getF64(0)
+		defer f64Pool.Put(ah)
+		defer f64Pool.Put(eh)
+		g := gemmScratch[T]{nkb: nkb, gb: nkb, pb: pb}
+		g.initRows(k, kern, ah, eh)
+		for {
+			t := nextChunk.add() - 1
+			if t >= chunks {
+				return
+			}
+			for ib := t * chunk; ib < min(ip, (t+1)*chunk); ib++ {
+				gemmRows(p, c, a, ib*mr, min(mr, m-ib*mr), 0, n, 0, nkb, &g, kern)
+			}
+		}
+	}
+	parallel(min(w, chunks), min(w, chunks), work)
+}
+
+// atomicInt is a counter the goroutines of a product share.
+type atomicInt struct{ v atomic.Int64 }
+
+func (x *atomicInt) add() int  { return int(x.v.Add(1)) }
+func (x *atomicInt) load() int { return int(x.v.Load()) }
+
+// gemmTiles computes the product in tiles spread over w goroutines, each
+// tile packing its own B.
+func gemmTiles[T float](p *mm, c, a, b []T, kern gemmKernel[T], w int) {
+	m, n := p.m, p.n
+	mr, nr := kern.mr, kern.nr
 	// Tiles of at most gnc bytes of columns and as many rows as can be, so
 	// that each packed block of B serves many rows of A; cut into at least
 	// two tiles a core, as long as tiles keep at least 48 rows and 64
@@ -183,23 +261,28 @@ func gemmPacked[T float](pv mm, c, a, b []T, kern gemmKernel[T]) {
 	run(0, tasks)
 }
 
-// gemmScratch is a task's packing buffers: pa holds mr rows of A (row
-// length lda) over a group of k blocks, pb the packed B of those blocks,
-// edge one micro-tile.
+// gemmScratch is a goroutine's buffers: pb the packed B of a group of gb k
+// blocks of nkb, pa the last rows of A when fewer than mr (row length lda,
+// zero past them) over such a group, edge one micro-tile.
 type gemmScratch[T float] struct {
 	pa, pb, edge []T
 	lda          int
-	nkb, gb      int // k blocks, and blocks a group
+	nkb, gb      int
 }
 
+// init sizes the buffers for tiles of at most tnc columns.
 func (g *gemmScratch[T]) init(k, tnc int, kern gemmKernel[T], ah, bh, eh *[]float64) {
 	g.nkb = gemmBlocks(k)
 	kb := (k + g.nkb - 1) / g.nkb // longest block
 	g.gb = max(1, min(g.nkb, gpb/sizeOf[T]()/(kb*tnc)))
-	gk := min(k, g.gb*kb) // k span of a group, at most
+	g.pb = packBuf[T](bh, min(k, g.gb*kb)*tnc)
+	g.initRows(min(k, g.gb*kb), kern, ah, eh)
+}
+
+// initRows sizes pa and edge for groups spanning at most gk of k.
+func (g *gemmScratch[T]) initRows(gk int, kern gemmKernel[T], ah, eh *[]float64) {
 	g.lda = roundUp(gk, 16) + 16
 	g.pa = packBuf[T](ah, kern.mr*g.lda)
-	g.pb = packBuf[T](bh, gk*tnc)
 	g.edge = packBuf[T](eh, kern.mr*kern.nr)
 }
 
@@ -207,58 +290,70 @@ func roundUp(x, m int) int { return (x + m - 1) / m * m }
 
 // gemmTileSIMD computes rows [i0, i0+rows) and columns [j0, j0+cols) of one
 // batch's C (m×n) = A (m×k) · B (k×n): per group of k blocks, it packs B,
-// then for each mr rows copies them from A and runs the kernel along the
-// columns, block after block.
+// then runs gemmRows for each mr rows.
 func gemmTileSIMD[T float](p *mm, c, a, b []T, i0, j0, rows, cols int, g *gemmScratch[T], kern gemmKernel[T]) {
 	n, k := p.n, p.k
 	mr, nr := kern.mr, kern.nr
 	jp := (cols + nr - 1) / nr
 	for b0 := 0; b0 < g.nkb; b0 += g.gb {
 		b1 := min(b0+g.gb, g.nkb)
-		k0, k1 := gemmBlock(k, g.nkb, b0), gemmBlock(k, g.nkb, b1)
+		k0 := gemmBlock(k, g.nkb, b0)
 		for bi := b0; bi < b1; bi++ {
 			pc, pe := gemmBlock(k, g.nkb, bi), gemmBlock(k, g.nkb, bi+1)
 			packBPanels(g.pb[(pc-k0)*jp*nr:(pe-k0)*jp*nr], b, n, j0, cols, pc, pe-pc, nr)
 		}
-		gk := k1 - k0
 		for ir := 0; ir < rows; ir += mr {
-			nrow := min(mr, rows-ir)
-			for r := range mr {
-				dst := g.pa[r*g.lda : r*g.lda+gk]
-				if r < nrow {
-					src := (i0 + ir + r) * k
-					copy(dst, a[src+k0:src+k1])
-				} else {
-					clear(dst)
-				}
+			gemmRows(p, c, a, i0+ir, min(mr, rows-ir), j0, cols, b0, b1, g, kern)
+		}
+	}
+}
+
+// gemmRows computes, for k blocks [b0, b1) of g.nkb, rows [ci, ci+nrow)
+// (nrow at most mr) and columns [j0, j0+cols) of C: g.pb holds those
+// blocks of B, packed from column j0 on, from the start of block b0.
+func gemmRows[T float](p *mm, c, a []T, ci, nrow, j0, cols, b0, b1 int, g *gemmScratch[T], kern gemmKernel[T]) {
+	n, k := p.n, p.k
+	mr, nr := kern.mr, kern.nr
+	jp := (cols + nr - 1) / nr
+	k0, k1 := gemmBlock(k, g.nkb, b0), gemmBlock(k, g.nkb, b1)
+	ap, lda, ak0 := a, k, ci*k // the kernel's A starts at ap[ak0+pc]
+	if nrow < mr {
+		for r := range mr {
+			dst := g.pa[r*g.lda : r*g.lda+k1-k0]
+			if r < nrow {
+				src := (ci + r) * k
+				copy(dst, a[src+k0:src+k1])
+			} else {
+				clear(dst)
 			}
-			ci := i0 + ir
-			for bi := b0; bi < b1; bi++ {
-				pc, pe := gemmBlock(k, g.nkb, bi), gemmBlock(k, g.nkb, bi+1)
-				kk, add := pe-pc, pc > 0
-				pa := &g.pa[pc-k0]
-				pb := g.pb[(pc-k0)*jp*nr : (pe-k0)*jp*nr]
-				for jb := range jp {
-					bp := &pb[jb*kk*nr]
-					cj := j0 + jb*nr
-					if nrow == mr && cj+nr <= j0+cols {
-						_ = c[(ci+mr-1)*n+cj+nr-1] // the kernel's last element
-						kern.run(kk, pa, g.lda, bp, &c[ci*n+cj], n, add)
-						continue
+		}
+		ap, lda, ak0 = g.pa, g.lda, -k0
+	}
+	for bi := b0; bi < b1; bi++ {
+		pc, pe := gemmBlock(k, g.nkb, bi), gemmBlock(k, g.nkb, bi+1)
+		kk, add := pe-pc, pc > 0
+		_ = ap[ak0+pc+(mr-1)*lda+kk-1] // the kernel's last element of A
+		pa := &ap[ak0+pc]
+		pb := g.pb[(pc-k0)*jp*nr : (pe-k0)*jp*nr]
+		for jb := range jp {
+			bp := &pb[jb*kk*nr]
+			cj := j0 + jb*nr
+			if nrow == mr && cj+nr <= j0+cols {
+				_ = c[(ci+mr-1)*n+cj+nr-1] // the kernel's last element of C
+				kern.run(kk, pa, lda, bp, &c[ci*n+cj], n, add)
+				continue
+			}
+			kern.run(kk, pa, lda, bp, &g.edge[0], nr, false)
+			wc := min(nr, j0+cols-cj)
+			for r := range nrow {
+				dst := c[(ci+r)*n+cj : (ci+r)*n+cj+wc]
+				src := g.edge[r*nr : r*nr+wc]
+				if add {
+					for q, v := range src {
+						dst[q] += v
 					}
-					kern.run(kk, pa, g.lda, bp, &g.edge[0], nr, false)
-					wc := min(nr, j0+cols-cj)
-					for r := range nrow {
-						dst := c[(ci+r)*n+cj : (ci+r)*n+cj+wc]
-						src := g.edge[r*nr : r*nr+wc]
-						if add {
-							for q, v := range src {
-								dst[q] += v
-							}
-						} else {
-							copy(dst, src)
-						}
-					}
+				} else {
+					copy(dst, src)
 				}
 			}
 		}
@@ -272,9 +367,20 @@ func packBPanels[T float](dst, b []T, n, j0, cols, pc, kk, nr int) {
 	full := cols / nr
 	for q := range kk {
 		row := b[(pc+q)*n+j0 : (pc+q)*n+j0+cols]
-		for jb := range full {
-			o := jb*nr*kk + q*nr
-			copy(dst[o:o+nr], row[jb*nr:])
+		switch nr {
+		case 16:
+			for jb := range full {
+				*(*[16]T)(dst[jb*nr*kk+q*nr:]) = *(*[16]T)(row[jb*nr:])
+			}
+		case 32:
+			for jb := range full {
+				*(*[32]T)(dst[jb*nr*kk+q*nr:]) = *(*[32]T)(row[jb*nr:])
+			}
+		default:
+			for jb := range full {
+				o := jb*nr*kk + q*nr
+				copy(dst[o:o+nr], row[jb*nr:jb*nr+nr])
+			}
 		}
 		if full*nr < cols {
 			o := full*nr*kk + q*nr

@@ -132,6 +132,18 @@ func checkKernels[T float](t *testing.T, s gemmShape, p mm, a, b []T, a64, b64 [
 				}
 			}
 		}
+		if p.batch.n == 1 {
+			// The two ways of spreading a product give the same bits.
+			tiles := make([]T, len(got))
+			gemmTiles(&p, tiles, a, b, kern, 3)
+			if !sameBits(got, tiles) {
+				t.Errorf("%+v %d×%d: gemmTiles gives other bits than gemmPacked", s, kern.mr, kern.nr)
+			}
+			gemmShared(&p, tiles, a, b, kern, 3)
+			if !sameBits(got, tiles) {
+				t.Errorf("%+v %d×%d: gemmShared gives other bits than gemmPacked", s, kern.mr, kern.nr)
+			}
+		}
 		if first == nil {
 			first = got
 		} else if !sameBits(first, got) {
