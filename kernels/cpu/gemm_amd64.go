@@ -141,7 +141,7 @@ func gemmPacked[T float](pv mm, c, a, b []T, kern gemmKernel[T]) {
 	if p.m*p.n*p.k >= gemmParallel {
 		w = runtime.GOMAXPROCS(0)
 	}
-	if p.batch.n == 1 && p.k*roundUp(p.n, kern.nr)*sizeOf[T]() <= gpbShared {
+	if sz := p.k * kern.nr * sizeOf[T](); p.batch.n == 1 && sz <= gpb && sz*((p.n+kern.nr-1)/kern.nr) <= gpbShared {
 		gemmShared(p, c, a, b, kern, w)
 		return
 	}
@@ -152,13 +152,14 @@ func gemmPacked[T float](pv mm, c, a, b []T, kern gemmKernel[T]) {
 const gemmParallel = 1 << 20
 
 // gpbShared is the most bytes of packed B that gemmShared packs.
-const gpbShared = 2 << 20
+const gpbShared = 8 << 20
 
 // gemmShared computes one matrix product whose B, packed whole, takes at
-// most gpbShared bytes, on w goroutines: they pack B's panels, taking them
-// one at a time, then C's rows, a few micro-panels at a time. Neither step
-// waits for a goroutine that has not started, so one the scheduler starts
-// late only takes less of the work.
+// most gpbShared bytes, a panel of it at most gpb, on w goroutines: they
+// pack B's panels, taking them one at a time, then C's rows, a few
+// micro-panels by a group of panels at a time. Neither step waits for a
+// goroutine that has not started, so one the scheduler starts late only
+// takes less of the work.
 func gemmShared[T float](p *mm, c, a, b []T, kern gemmKernel[T], w int) {
 	m, n, k := p.m, p.n, p.k
 	mr, nr := kern.mr, kern.nr
@@ -169,9 +170,21 @@ func gemmShared[T float](p *mm, c, a, b []T, kern gemmKernel[T], w int) {
 	pb := packBuf[T](bh, k*jp*nr)
 	packs := nkb * jp
 	ip := (m + mr - 1) / mr
-	chunk := max(1, (1<<18)/(mr*n*k)) // micro-panels a take, about 2^19 flops or more
-	chunks := (ip + chunk - 1) / chunk
-	var nextPack, packed, nextChunk atomicInt
+	// Work is taken in units of rp micro-panels of rows by cp panels of
+	// columns: at most gpb bytes of packed B a group of panels, so that it
+	// stays in L2 while the units of that group run, one after the other;
+	// about 2^19 flops or more a unit; and if the columns allow, 8 units or
+	// more a goroutine, so that one started late or held up leaves little
+	// to wait for.
+	rp := max(1, (1<<18)/(mr*n*k))
+	ru := (ip + rp - 1) / rp
+	cp := max(1, gpb/(k*nr*sizeOf[T]()))
+	for w > 1 && ru*((jp+cp-1)/cp) < 8*w && cp >= 4 {
+		cp = (cp + 1) / 2
+	}
+	cg := (jp + cp - 1) / cp
+	units := ru * cg
+	var nextPack, packed, nextUnit atomicInt
 	work := func(_, _ int) {
 		for {
 			t := nextPack.add() - 1
@@ -191,19 +204,20 @@ func gemmShared[T float](p *mm, c, a, b []T, kern gemmKernel[T], w int) {
 		ah, eh := getF64(0), getF64(0)
 		defer f64Pool.Put(ah)
 		defer f64Pool.Put(eh)
-		g := gemmScratch[T]{nkb: nkb, gb: nkb, pb: pb}
+		g := gemmScratch[T]{nkb: nkb, gb: nkb, pb: pb, cols: n, jp: jp}
 		g.initRows(k, kern, ah, eh)
 		for {
-			t := nextChunk.add() - 1
-			if t >= chunks {
+			t := nextUnit.add() - 1
+			if t >= units {
 				return
 			}
-			for ib := t * chunk; ib < min(ip, (t+1)*chunk); ib++ {
-				gemmRows(p, c, a, ib*mr, min(mr, m-ib*mr), 0, n, 0, nkb, &g, kern)
+			q, r := t/ru, t%ru
+			for ib := r * rp; ib < min(ip, (r+1)*rp); ib++ {
+				gemmRows(p, c, a, ib*mr, min(mr, m-ib*mr), q*cp, min(jp, (q+1)*cp), 0, nkb, &g, kern)
 			}
 		}
 	}
-	parallel(min(w, chunks), min(w, chunks), work)
+	parallel(min(w, units), min(w, units), work)
 }
 
 // atomicInt is a counter the goroutines of a product share.
@@ -262,12 +276,14 @@ func gemmTiles[T float](p *mm, c, a, b []T, kern gemmKernel[T], w int) {
 }
 
 // gemmScratch is a goroutine's buffers: pb the packed B of a group of gb k
-// blocks of nkb, pa the last rows of A when fewer than mr (row length lda,
-// zero past them) over such a group, edge one micro-tile.
+// blocks of nkb, columns [j0, j0+cols) in jp panels; pa the last rows of A
+// when fewer than mr (row length lda, zero past them) over such a group;
+// edge one micro-tile.
 type gemmScratch[T float] struct {
 	pa, pb, edge []T
 	lda          int
 	nkb, gb      int
+	j0, cols, jp int
 }
 
 // init sizes the buffers for tiles of at most tnc columns.
@@ -295,6 +311,7 @@ func gemmTileSIMD[T float](p *mm, c, a, b []T, i0, j0, rows, cols int, g *gemmSc
 	n, k := p.n, p.k
 	mr, nr := kern.mr, kern.nr
 	jp := (cols + nr - 1) / nr
+	g.j0, g.cols, g.jp = j0, cols, jp
 	for b0 := 0; b0 < g.nkb; b0 += g.gb {
 		b1 := min(b0+g.gb, g.nkb)
 		k0 := gemmBlock(k, g.nkb, b0)
@@ -303,18 +320,18 @@ func gemmTileSIMD[T float](p *mm, c, a, b []T, i0, j0, rows, cols int, g *gemmSc
 			packBPanels(g.pb[(pc-k0)*jp*nr:(pe-k0)*jp*nr], b, n, j0, cols, pc, pe-pc, nr)
 		}
 		for ir := 0; ir < rows; ir += mr {
-			gemmRows(p, c, a, i0+ir, min(mr, rows-ir), j0, cols, b0, b1, g, kern)
+			gemmRows(p, c, a, i0+ir, min(mr, rows-ir), 0, jp, b0, b1, g, kern)
 		}
 	}
 }
 
 // gemmRows computes, for k blocks [b0, b1) of g.nkb, rows [ci, ci+nrow)
-// (nrow at most mr) and columns [j0, j0+cols) of C: g.pb holds those
-// blocks of B, packed from column j0 on, from the start of block b0.
-func gemmRows[T float](p *mm, c, a []T, ci, nrow, j0, cols, b0, b1 int, g *gemmScratch[T], kern gemmKernel[T]) {
+// (nrow at most mr) of C, in the columns of panels [jb0, jb1) of g.pb,
+// which holds those blocks of B from the start of block b0.
+func gemmRows[T float](p *mm, c, a []T, ci, nrow, jb0, jb1, b0, b1 int, g *gemmScratch[T], kern gemmKernel[T]) {
 	n, k := p.n, p.k
 	mr, nr := kern.mr, kern.nr
-	jp := (cols + nr - 1) / nr
+	j0, cols, jp := g.j0, g.cols, g.jp
 	k0, k1 := gemmBlock(k, g.nkb, b0), gemmBlock(k, g.nkb, b1)
 	ap, lda, ak0 := a, k, ci*k // the kernel's A starts at ap[ak0+pc]
 	if nrow < mr {
@@ -335,7 +352,7 @@ func gemmRows[T float](p *mm, c, a []T, ci, nrow, j0, cols, b0, b1 int, g *gemmS
 		_ = ap[ak0+pc+(mr-1)*lda+kk-1] // the kernel's last element of A
 		pa := &ap[ak0+pc]
 		pb := g.pb[(pc-k0)*jp*nr : (pe-k0)*jp*nr]
-		for jb := range jp {
+		for jb := jb0; jb < jb1; jb++ {
 			bp := &pb[jb*kk*nr]
 			cj := j0 + jb*nr
 			if nrow == mr && cj+nr <= j0+cols {
