@@ -18,20 +18,20 @@ import (
 // how the tiles are spread over the cores, nor on which kernel runs.
 
 // The micro-kernels: C[mr×nr] at c (row length ldc) = A[mr×k] at a (row
-// length lda) · B, B a packed panel (k steps of nr elements); stored, or
-// added to C if add.
+// length lda) · B[k×nr] at b (row length ldb: nr for a packed panel);
+// stored, or added to C if add.
 
 //go:noescape
-func gemm6x16(k int, a *float32, lda int, b, c *float32, ldc int, add bool)
+func gemm6x16(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, add bool)
 
 //go:noescape
-func gemm6x8d(k int, a *float64, lda int, b, c *float64, ldc int, add bool)
+func gemm6x8d(k int, a *float64, lda int, b *float64, ldb int, c *float64, ldc int, add bool)
 
 //go:noescape
-func gemm12x32(k int, a *float32, lda int, b, c *float32, ldc int, add bool)
+func gemm12x32(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, add bool)
 
 //go:noescape
-func gemm12x16d(k int, a *float64, lda int, b, c *float64, ldc int, add bool)
+func gemm12x16d(k int, a *float64, lda int, b *float64, ldb int, c *float64, ldc int, add bool)
 
 // cpuid executes CPUID with EAX=leaf and ECX=sub.
 func cpuid(leaf, sub uint32) (a, b, c, d uint32)
@@ -67,7 +67,7 @@ func detectSIMD() (avx2, avx512 bool) {
 // gemmKernel is a micro-kernel and its block shape.
 type gemmKernel[T float] struct {
 	mr, nr int
-	run    func(k int, a *T, lda int, b, c *T, ldc int, add bool)
+	run    func(k int, a *T, lda int, b *T, ldb int, c *T, ldc int, add bool)
 }
 
 var (
@@ -165,11 +165,19 @@ func gemmShared[T float](p *mm, c, a, b []T, kern gemmKernel[T], w int) {
 	mr, nr := kern.mr, kern.nr
 	nkb := gemmBlocks(k)
 	jp := (n + nr - 1) / nr
-	bh := getF64(0)
-	defer f64Pool.Put(bh)
-	pb := packBuf[T](bh, k*jp*nr)
-	packs := nkb * jp
 	ip := (m + mr - 1) / mr
+	// B is read in place where its panels are whole and serve few rows of
+	// A, and its rows do not start at the same offset in every page.
+	inplace := n%nr == 0 && ip <= 12 && n*sizeOf[T]()%4096 != 0
+	var pb []T
+	packs := nkb * jp
+	if inplace {
+		packs = 0
+	} else {
+		bh := getF64(0)
+		defer f64Pool.Put(bh)
+		pb = packBuf[T](bh, k*jp*nr)
+	}
 	// Work is taken in units of rp micro-panels of rows by cp panels of
 	// columns: at most gpb bytes of packed B a group of panels, so that it
 	// stays in L2 while the units of that group run, one after the other;
@@ -205,6 +213,9 @@ func gemmShared[T float](p *mm, c, a, b []T, kern gemmKernel[T], w int) {
 		defer f64Pool.Put(ah)
 		defer f64Pool.Put(eh)
 		g := gemmScratch[T]{nkb: nkb, gb: nkb, pb: pb, cols: n, jp: jp}
+		if inplace {
+			g.b = b
+		}
 		g.initRows(k, kern, ah, eh)
 		for {
 			t := nextUnit.add() - 1
@@ -281,6 +292,7 @@ func gemmTiles[T float](p *mm, c, a, b []T, kern gemmKernel[T], w int) {
 // edge one micro-tile.
 type gemmScratch[T float] struct {
 	pa, pb, edge []T
+	b            []T // B, when read in place instead of pb
 	lda          int
 	nkb, gb      int
 	j0, cols, jp int
@@ -351,16 +363,26 @@ func gemmRows[T float](p *mm, c, a []T, ci, nrow, jb0, jb1, b0, b1 int, g *gemmS
 		kk, add := pe-pc, pc > 0
 		_ = ap[ak0+pc+(mr-1)*lda+kk-1] // the kernel's last element of A
 		pa := &ap[ak0+pc]
-		pb := g.pb[(pc-k0)*jp*nr : (pe-k0)*jp*nr]
+		var pb []T
+		if g.b == nil {
+			pb = g.pb[(pc-k0)*jp*nr : (pe-k0)*jp*nr]
+		}
 		for jb := jb0; jb < jb1; jb++ {
-			bp := &pb[jb*kk*nr]
 			cj := j0 + jb*nr
+			var bp *T
+			ldb := nr
+			if g.b != nil {
+				_ = g.b[(pe-1)*n+cj+nr-1] // the kernel's last element of B
+				bp, ldb = &g.b[pc*n+cj], n
+			} else {
+				bp = &pb[jb*kk*nr]
+			}
 			if nrow == mr && cj+nr <= j0+cols {
 				_ = c[(ci+mr-1)*n+cj+nr-1] // the kernel's last element of C
-				kern.run(kk, pa, lda, bp, &c[ci*n+cj], n, add)
+				kern.run(kk, pa, lda, bp, ldb, &c[ci*n+cj], n, add)
 				continue
 			}
-			kern.run(kk, pa, lda, bp, &g.edge[0], nr, false)
+			kern.run(kk, pa, lda, bp, ldb, &g.edge[0], nr, false)
 			wc := min(nr, j0+cols-cj)
 			for r := range nrow {
 				dst := c[(ci+r)*n+cj : (ci+r)*n+cj+wc]

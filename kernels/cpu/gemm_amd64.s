@@ -4,15 +4,16 @@
 
 // The micro-kernels compute an mr×nr block of C = A·B over k steps:
 //
-//	func gemmMRxNR(k int, a *T, lda int, b, c *T, ldc int, add bool)
+//	func gemmMRxNR(k int, a *T, lda int, b *T, ldb int, c *T, ldc int, add bool)
 //
-// A is read in place: row r of the block at a + r*lda (lda in elements),
-// its k elements consecutive. B is a packed panel, nr elements a k step.
-// Each k step loads B's nr elements into two vector registers (Y0, Y1 or
-// Z0, Z1), broadcasts each row's element of A in turn and adds the
-// products to that row's two accumulators. Rows 0-2 are addressed from SI,
-// 3-5 from R10, 6-8 from R11 and 9-11 from R12, each plus 0, 1 or 2 times
-// lda (R8, in bytes). Every element of C is one chain of fused
+// A's row r is at a + r*lda, B's k step q at b + q*ldb (lda and ldb in
+// elements), each holding consecutive elements: k of A, nr of B. Each k
+// step loads B's nr elements into two vector registers (Y0, Y1 or Z0, Z1),
+// broadcasts each row's element of A in turn and adds the products to that
+// row's two accumulators. Rows 0-2 are addressed from SI, 3-5 from R10,
+// 6-8 from R11 and 9-11 from R12, each plus 0, 1 or 2 times lda (R8, in
+// bytes); k steps 0-3 of an unrolled loop from DI plus 0, 1 or 2 times
+// ldb (R13, in bytes) or plus 3 times ldb (BX). Every element of C is one chain of fused
 // multiply-adds in k order, whatever the kernel, so all kernels of a dtype
 // give the same bits. The block is then stored to C at c (row length ldc),
 // or added to what is there if add.
@@ -24,11 +25,11 @@
 	fma b0, bc, acc0; \
 	fma b1, bc, acc1
 
-// STEP6 is one k step of a 6-row AVX2 kernel: B at bo(DI), A's elements at
-// offset ao of each row; accumulators Y4-Y15.
-#define STEP6(bcast, fma, ao, bo) \
-	VMOVUPS bo(DI), Y0; \
-	VMOVUPS (bo+32)(DI), Y1; \
+// STEP6 is one k step of a 6-row AVX2 kernel: B at b0 and b1, A's elements
+// at offset ao of each row; accumulators Y4-Y15.
+#define STEP6(bcast, fma, ao, b0, b1) \
+	VMOVUPS b0, Y0; \
+	VMOVUPS b1, Y1; \
 	ROW(bcast, fma, ao(SI), Y0, Y1, Y2, Y4, Y5); \
 	ROW(bcast, fma, ao(SI)(R8*1), Y0, Y1, Y3, Y6, Y7); \
 	ROW(bcast, fma, ao(SI)(R8*2), Y0, Y1, Y2, Y8, Y9); \
@@ -36,11 +37,11 @@
 	ROW(bcast, fma, ao(R10)(R8*1), Y0, Y1, Y2, Y12, Y13); \
 	ROW(bcast, fma, ao(R10)(R8*2), Y0, Y1, Y3, Y14, Y15)
 
-// STEP12 is one k step of a 12-row AVX-512 kernel: B at bo(DI), A's
+// STEP12 is one k step of a 12-row AVX-512 kernel: B at b0 and b1, A's
 // elements at offset ao of each row; accumulators Z8-Z31.
-#define STEP12(bcast, fma, ao, bo) \
-	VMOVUPS bo(DI), Z0; \
-	VMOVUPS (bo+64)(DI), Z1; \
+#define STEP12(bcast, fma, ao, b0, b1) \
+	VMOVUPS b0, Z0; \
+	VMOVUPS b1, Z1; \
 	ROW(bcast, fma, ao(SI), Z0, Z1, Z2, Z8, Z9); \
 	ROW(bcast, fma, ao(SI)(R8*1), Z0, Z1, Z3, Z10, Z11); \
 	ROW(bcast, fma, ao(SI)(R8*2), Z0, Z1, Z4, Z12, Z13); \
@@ -65,23 +66,27 @@
 	VMOVUPS hi, vb(DX); \
 	ADDQ R9, DX
 
-// PROLOGUE loads the arguments: k to CX, a to SI, lda to R8 and b to DI,
-// with lda scaled by the element size 1<<shift; R10 = a + 3*lda.
+// PROLOGUE loads the arguments: k to CX, a to SI, lda to R8, b to DI and
+// ldb to R13, lda and ldb scaled by the element size 1<<shift; R10 = a +
+// 3*lda, BX = 3*ldb.
 #define PROLOGUE(shift) \
 	MOVQ k+0(FP), CX; \
 	MOVQ a+8(FP), SI; \
 	MOVQ lda+16(FP), R8; \
 	SHLQ $shift, R8; \
 	MOVQ b+24(FP), DI; \
+	MOVQ ldb+32(FP), R13; \
+	SHLQ $shift, R13; \
 	LEAQ (SI)(R8*2), R10; \
-	ADDQ R8, R10
+	ADDQ R8, R10; \
+	LEAQ (R13)(R13*2), BX
 
 // EPILOGUE loads c to DX, ldc scaled by 1<<shift to R9, add to AX.
 #define EPILOGUE(shift) \
-	MOVQ c+32(FP), DX; \
-	MOVQ ldc+40(FP), R9; \
+	MOVQ c+40(FP), DX; \
+	MOVQ ldc+48(FP), R9; \
 	SHLQ $shift, R9; \
-	MOVBQZX add+48(FP), AX
+	MOVBQZX add+56(FP), AX
 
 #define ZERO6 \
 	VXORPS Y4, Y4, Y4; VXORPS Y5, Y5, Y5; VXORPS Y6, Y6, Y6; VXORPS Y7, Y7, Y7; \
@@ -106,21 +111,21 @@
 	OUT(add, Z20, Z21, 64); OUT(add, Z22, Z23, 64); OUT(add, Z24, Z25, 64); \
 	OUT(add, Z26, Z27, 64); OUT(add, Z28, Z29, 64); OUT(add, Z30, Z31, 64)
 
-// func gemm6x16(k int, a *float32, lda int, b, c *float32, ldc int, add bool)
-TEXT ·gemm6x16(SB), NOSPLIT, $0-49
+// func gemm6x16(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, add bool)
+TEXT ·gemm6x16(SB), NOSPLIT, $0-57
 	PROLOGUE(2)
 	ZERO6
 	CMPQ CX, $4
 	JLT tail
 
 loop4:
-	STEP6(VBROADCASTSS, VFMADD231PS, 0, 0)
-	STEP6(VBROADCASTSS, VFMADD231PS, 4, 64)
-	STEP6(VBROADCASTSS, VFMADD231PS, 8, 128)
-	STEP6(VBROADCASTSS, VFMADD231PS, 12, 192)
+	STEP6(VBROADCASTSS, VFMADD231PS, 0, (DI), 32(DI))
+	STEP6(VBROADCASTSS, VFMADD231PS, 4, (DI)(R13*1), 32(DI)(R13*1))
+	STEP6(VBROADCASTSS, VFMADD231PS, 8, (DI)(R13*2), 32(DI)(R13*2))
+	STEP6(VBROADCASTSS, VFMADD231PS, 12, (DI)(BX*1), 32(DI)(BX*1))
 	ADDQ $16, SI
 	ADDQ $16, R10
-	ADDQ $256, DI
+	LEAQ (DI)(R13*4), DI
 	SUBQ $4, CX
 	CMPQ CX, $4
 	JGE loop4
@@ -130,10 +135,10 @@ tail:
 	JZ done
 
 loop1:
-	STEP6(VBROADCASTSS, VFMADD231PS, 0, 0)
+	STEP6(VBROADCASTSS, VFMADD231PS, 0, (DI), 32(DI))
 	ADDQ $4, SI
 	ADDQ $4, R10
-	ADDQ $64, DI
+	ADDQ R13, DI
 	DECQ CX
 	JNZ loop1
 
@@ -143,21 +148,21 @@ done:
 	VZEROUPPER
 	RET
 
-// func gemm6x8d(k int, a *float64, lda int, b, c *float64, ldc int, add bool)
-TEXT ·gemm6x8d(SB), NOSPLIT, $0-49
+// func gemm6x8d(k int, a *float64, lda int, b *float64, ldb int, c *float64, ldc int, add bool)
+TEXT ·gemm6x8d(SB), NOSPLIT, $0-57
 	PROLOGUE(3)
 	ZERO6
 	CMPQ CX, $4
 	JLT tail
 
 loop4:
-	STEP6(VBROADCASTSD, VFMADD231PD, 0, 0)
-	STEP6(VBROADCASTSD, VFMADD231PD, 8, 64)
-	STEP6(VBROADCASTSD, VFMADD231PD, 16, 128)
-	STEP6(VBROADCASTSD, VFMADD231PD, 24, 192)
+	STEP6(VBROADCASTSD, VFMADD231PD, 0, (DI), 32(DI))
+	STEP6(VBROADCASTSD, VFMADD231PD, 8, (DI)(R13*1), 32(DI)(R13*1))
+	STEP6(VBROADCASTSD, VFMADD231PD, 16, (DI)(R13*2), 32(DI)(R13*2))
+	STEP6(VBROADCASTSD, VFMADD231PD, 24, (DI)(BX*1), 32(DI)(BX*1))
 	ADDQ $32, SI
 	ADDQ $32, R10
-	ADDQ $256, DI
+	LEAQ (DI)(R13*4), DI
 	SUBQ $4, CX
 	CMPQ CX, $4
 	JGE loop4
@@ -167,10 +172,10 @@ tail:
 	JZ done
 
 loop1:
-	STEP6(VBROADCASTSD, VFMADD231PD, 0, 0)
+	STEP6(VBROADCASTSD, VFMADD231PD, 0, (DI), 32(DI))
 	ADDQ $8, SI
 	ADDQ $8, R10
-	ADDQ $64, DI
+	ADDQ R13, DI
 	DECQ CX
 	JNZ loop1
 
@@ -180,8 +185,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func gemm12x32(k int, a *float32, lda int, b, c *float32, ldc int, add bool)
-TEXT ·gemm12x32(SB), NOSPLIT, $0-49
+// func gemm12x32(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, add bool)
+TEXT ·gemm12x32(SB), NOSPLIT, $0-57
 	PROLOGUE(2)
 	LEAQ (R10)(R8*2), R11
 	ADDQ R8, R11
@@ -192,15 +197,15 @@ TEXT ·gemm12x32(SB), NOSPLIT, $0-49
 	JLT tail
 
 loop4:
-	STEP12(VBROADCASTSS, VFMADD231PS, 0, 0)
-	STEP12(VBROADCASTSS, VFMADD231PS, 4, 128)
-	STEP12(VBROADCASTSS, VFMADD231PS, 8, 256)
-	STEP12(VBROADCASTSS, VFMADD231PS, 12, 384)
+	STEP12(VBROADCASTSS, VFMADD231PS, 0, (DI), 64(DI))
+	STEP12(VBROADCASTSS, VFMADD231PS, 4, (DI)(R13*1), 64(DI)(R13*1))
+	STEP12(VBROADCASTSS, VFMADD231PS, 8, (DI)(R13*2), 64(DI)(R13*2))
+	STEP12(VBROADCASTSS, VFMADD231PS, 12, (DI)(BX*1), 64(DI)(BX*1))
 	ADDQ $16, SI
 	ADDQ $16, R10
 	ADDQ $16, R11
 	ADDQ $16, R12
-	ADDQ $512, DI
+	LEAQ (DI)(R13*4), DI
 	SUBQ $4, CX
 	CMPQ CX, $4
 	JGE loop4
@@ -210,12 +215,12 @@ tail:
 	JZ done
 
 loop1:
-	STEP12(VBROADCASTSS, VFMADD231PS, 0, 0)
+	STEP12(VBROADCASTSS, VFMADD231PS, 0, (DI), 64(DI))
 	ADDQ $4, SI
 	ADDQ $4, R10
 	ADDQ $4, R11
 	ADDQ $4, R12
-	ADDQ $128, DI
+	ADDQ R13, DI
 	DECQ CX
 	JNZ loop1
 
@@ -225,8 +230,8 @@ done:
 	VZEROUPPER
 	RET
 
-// func gemm12x16d(k int, a *float64, lda int, b, c *float64, ldc int, add bool)
-TEXT ·gemm12x16d(SB), NOSPLIT, $0-49
+// func gemm12x16d(k int, a *float64, lda int, b *float64, ldb int, c *float64, ldc int, add bool)
+TEXT ·gemm12x16d(SB), NOSPLIT, $0-57
 	PROLOGUE(3)
 	LEAQ (R10)(R8*2), R11
 	ADDQ R8, R11
@@ -237,15 +242,15 @@ TEXT ·gemm12x16d(SB), NOSPLIT, $0-49
 	JLT tail
 
 loop4:
-	STEP12(VBROADCASTSD, VFMADD231PD, 0, 0)
-	STEP12(VBROADCASTSD, VFMADD231PD, 8, 128)
-	STEP12(VBROADCASTSD, VFMADD231PD, 16, 256)
-	STEP12(VBROADCASTSD, VFMADD231PD, 24, 384)
+	STEP12(VBROADCASTSD, VFMADD231PD, 0, (DI), 64(DI))
+	STEP12(VBROADCASTSD, VFMADD231PD, 8, (DI)(R13*1), 64(DI)(R13*1))
+	STEP12(VBROADCASTSD, VFMADD231PD, 16, (DI)(R13*2), 64(DI)(R13*2))
+	STEP12(VBROADCASTSD, VFMADD231PD, 24, (DI)(BX*1), 64(DI)(BX*1))
 	ADDQ $32, SI
 	ADDQ $32, R10
 	ADDQ $32, R11
 	ADDQ $32, R12
-	ADDQ $512, DI
+	LEAQ (DI)(R13*4), DI
 	SUBQ $4, CX
 	CMPQ CX, $4
 	JGE loop4
@@ -255,12 +260,12 @@ tail:
 	JZ done
 
 loop1:
-	STEP12(VBROADCASTSD, VFMADD231PD, 0, 0)
+	STEP12(VBROADCASTSD, VFMADD231PD, 0, (DI), 64(DI))
 	ADDQ $8, SI
 	ADDQ $8, R10
 	ADDQ $8, R11
 	ADDQ $8, R12
-	ADDQ $128, DI
+	ADDQ R13, DI
 	DECQ CX
 	JNZ loop1
 
