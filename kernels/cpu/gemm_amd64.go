@@ -33,6 +33,12 @@ func gemm12x32(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc 
 //go:noescape
 func gemm12x16d(k int, a *float64, lda int, b *float64, ldb int, c *float64, ldc int, add bool)
 
+//go:noescape
+func gemm12x16(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, add bool)
+
+//go:noescape
+func gemm12x8d(k int, a *float64, lda int, b *float64, ldb int, c *float64, ldc int, add bool)
+
 // cpuid executes CPUID with EAX=leaf and ECX=sub.
 func cpuid(leaf, sub uint32) (a, b, c, d uint32)
 
@@ -73,8 +79,10 @@ type gemmKernel[T float] struct {
 var (
 	kern6x16   = gemmKernel[float32]{6, 16, gemm6x16}
 	kern12x32  = gemmKernel[float32]{12, 32, gemm12x32}
+	kern12x16  = gemmKernel[float32]{12, 16, gemm12x16}
 	kern6x8d   = gemmKernel[float64]{6, 8, gemm6x8d}
 	kern12x16d = gemmKernel[float64]{12, 16, gemm12x16d}
+	kern12x8d  = gemmKernel[float64]{12, 8, gemm12x8d}
 )
 
 // Blocking: k in blocks of at most gkc (mr rows of A over a block stay in
@@ -95,8 +103,11 @@ func matmulF32(p *mm, c, a, b []float32) {
 		return
 	}
 	kern := kern6x16
-	if hasAVX512 && p.m >= 12 && p.n > 16 {
+	switch {
+	case hasAVX512 && p.m >= 12 && p.n > 16:
 		kern = kern12x32
+	case hasAVX512 && p.m >= 12:
+		kern = kern12x16
 	}
 	gemmSIMD(p, c, a, b, kern)
 }
@@ -108,8 +119,11 @@ func matmulF64(p *mm, c, a, b []float64) {
 		return
 	}
 	kern := kern6x8d
-	if hasAVX512 && p.m >= 12 && p.n > 8 {
+	switch {
+	case hasAVX512 && p.m >= 12 && p.n > 8:
 		kern = kern12x16d
+	case hasAVX512 && p.m >= 12:
+		kern = kern12x8d
 	}
 	gemmSIMD(p, c, a, b, kern)
 }

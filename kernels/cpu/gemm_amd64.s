@@ -55,6 +55,46 @@
 	ROW(bcast, fma, ao(R12)(R8*1), Z0, Z1, Z6, Z28, Z29); \
 	ROW(bcast, fma, ao(R12)(R8*2), Z0, Z1, Z7, Z30, Z31)
 
+// ROW1 is ROW for one B vector.
+#define ROW1(bcast, fma, addr, b0, bc, acc) \
+	bcast addr, bc; \
+	fma b0, bc, acc
+
+// STEP12N is one k step of a narrow 12-row AVX-512 kernel: B at b0, A's
+// elements at offset ao of each row; accumulators Z8-Z19.
+#define STEP12N(bcast, fma, ao, b0) \
+	VMOVUPS b0, Z0; \
+	ROW1(bcast, fma, ao(SI), Z0, Z2, Z8); \
+	ROW1(bcast, fma, ao(SI)(R8*1), Z0, Z3, Z9); \
+	ROW1(bcast, fma, ao(SI)(R8*2), Z0, Z4, Z10); \
+	ROW1(bcast, fma, ao(R10), Z0, Z5, Z11); \
+	ROW1(bcast, fma, ao(R10)(R8*1), Z0, Z6, Z12); \
+	ROW1(bcast, fma, ao(R10)(R8*2), Z0, Z7, Z13); \
+	ROW1(bcast, fma, ao(R11), Z0, Z2, Z14); \
+	ROW1(bcast, fma, ao(R11)(R8*1), Z0, Z3, Z15); \
+	ROW1(bcast, fma, ao(R11)(R8*2), Z0, Z4, Z16); \
+	ROW1(bcast, fma, ao(R12), Z0, Z5, Z17); \
+	ROW1(bcast, fma, ao(R12)(R8*1), Z0, Z6, Z18); \
+	ROW1(bcast, fma, ao(R12)(R8*2), Z0, Z7, Z19)
+
+// OUT1 is OUT for one vector.
+#define OUT1(add, acc) \
+	TESTQ AX, AX; \
+	JZ 2(PC); \
+	add (DX), acc, acc; \
+	VMOVUPS acc, (DX); \
+	ADDQ R9, DX
+
+#define OUT12N(add) \
+	OUT1(add, Z8); OUT1(add, Z9); OUT1(add, Z10); OUT1(add, Z11); \
+	OUT1(add, Z12); OUT1(add, Z13); OUT1(add, Z14); OUT1(add, Z15); \
+	OUT1(add, Z16); OUT1(add, Z17); OUT1(add, Z18); OUT1(add, Z19)
+
+#define ZERO12N \
+	VPXORD Z8, Z8, Z8; VPXORD Z9, Z9, Z9; VPXORD Z10, Z10, Z10; VPXORD Z11, Z11, Z11; \
+	VPXORD Z12, Z12, Z12; VPXORD Z13, Z13, Z13; VPXORD Z14, Z14, Z14; VPXORD Z15, Z15, Z15; \
+	VPXORD Z16, Z16, Z16; VPXORD Z17, Z17, Z17; VPXORD Z18, Z18, Z18; VPXORD Z19, Z19, Z19
+
 // OUT stores the row of accumulators lo, hi (vectors of vb bytes) to C at
 // DX, or adds them there if AX is not zero, and moves DX to the next row.
 #define OUT(add, lo, hi, vb) \
@@ -272,6 +312,96 @@ loop1:
 done:
 	EPILOGUE(3)
 	OUT12(VADDPD)
+	VZEROUPPER
+	RET
+
+// func gemm12x16(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, add bool)
+TEXT ·gemm12x16(SB), NOSPLIT, $0-57
+	PROLOGUE(2)
+	LEAQ (R10)(R8*2), R11
+	ADDQ R8, R11
+	LEAQ (R11)(R8*2), R12
+	ADDQ R8, R12
+	ZERO12N
+	CMPQ CX, $4
+	JLT tail
+
+loop4:
+	STEP12N(VBROADCASTSS, VFMADD231PS, 0, (DI))
+	STEP12N(VBROADCASTSS, VFMADD231PS, 4, (DI)(R13*1))
+	STEP12N(VBROADCASTSS, VFMADD231PS, 8, (DI)(R13*2))
+	STEP12N(VBROADCASTSS, VFMADD231PS, 12, (DI)(BX*1))
+	ADDQ $16, SI
+	ADDQ $16, R10
+	ADDQ $16, R11
+	ADDQ $16, R12
+	LEAQ (DI)(R13*4), DI
+	SUBQ $4, CX
+	CMPQ CX, $4
+	JGE loop4
+
+tail:
+	TESTQ CX, CX
+	JZ done
+
+loop1:
+	STEP12N(VBROADCASTSS, VFMADD231PS, 0, (DI))
+	ADDQ $4, SI
+	ADDQ $4, R10
+	ADDQ $4, R11
+	ADDQ $4, R12
+	ADDQ R13, DI
+	DECQ CX
+	JNZ loop1
+
+done:
+	EPILOGUE(2)
+	OUT12N(VADDPS)
+	VZEROUPPER
+	RET
+
+// func gemm12x8d(k int, a *float64, lda int, b *float64, ldb int, c *float64, ldc int, add bool)
+TEXT ·gemm12x8d(SB), NOSPLIT, $0-57
+	PROLOGUE(3)
+	LEAQ (R10)(R8*2), R11
+	ADDQ R8, R11
+	LEAQ (R11)(R8*2), R12
+	ADDQ R8, R12
+	ZERO12N
+	CMPQ CX, $4
+	JLT tail
+
+loop4:
+	STEP12N(VBROADCASTSD, VFMADD231PD, 0, (DI))
+	STEP12N(VBROADCASTSD, VFMADD231PD, 8, (DI)(R13*1))
+	STEP12N(VBROADCASTSD, VFMADD231PD, 16, (DI)(R13*2))
+	STEP12N(VBROADCASTSD, VFMADD231PD, 24, (DI)(BX*1))
+	ADDQ $32, SI
+	ADDQ $32, R10
+	ADDQ $32, R11
+	ADDQ $32, R12
+	LEAQ (DI)(R13*4), DI
+	SUBQ $4, CX
+	CMPQ CX, $4
+	JGE loop4
+
+tail:
+	TESTQ CX, CX
+	JZ done
+
+loop1:
+	STEP12N(VBROADCASTSD, VFMADD231PD, 0, (DI))
+	ADDQ $8, SI
+	ADDQ $8, R10
+	ADDQ $8, R11
+	ADDQ $8, R12
+	ADDQ R13, DI
+	DECQ CX
+	JNZ loop1
+
+done:
+	EPILOGUE(3)
+	OUT12N(VADDPD)
 	VZEROUPPER
 	RET
 

@@ -92,8 +92,8 @@ func TestGemmSIMD(t *testing.T) {
 	k32 := []gemmKernel[float32]{kern6x16}
 	k64 := []gemmKernel[float64]{kern6x8d}
 	if hasAVX512 {
-		k32 = append(k32, kern12x32)
-		k64 = append(k64, kern12x16d)
+		k32 = append(k32, kern12x32, kern12x16)
+		k64 = append(k64, kern12x16d, kern12x8d)
 	}
 	r := rand.New(rand.NewPCG(11, 12))
 	for _, s := range gemmShapes(r) {
