@@ -207,7 +207,7 @@ func gemmShared[T float](p *mm, c, a, b []T, kern gemmKernel[T], w int) {
 	cg := (jp + cp - 1) / cp
 	units := ru * cg
 	var nextPack, packed, nextUnit atomicInt
-	work := func(_, _ int) {
+	work := func(_ int) {
 		for {
 			t := nextPack.add() - 1
 			if t >= packs {
@@ -242,7 +242,11 @@ func gemmShared[T float](p *mm, c, a, b []T, kern gemmKernel[T], w int) {
 			}
 		}
 	}
-	parallel(min(w, units), min(w, units), work)
+	if w = min(w, units); w > 1 {
+		spread(w, work)
+		return
+	}
+	work(0)
 }
 
 // atomicInt is a counter the goroutines of a product share.

@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"fmt"
 	"runtime"
 	"sync"
 
@@ -191,7 +192,7 @@ func packBuf[T float](h *[]float64, n int) []T {
 func parallelDynamic(n, w int, run func(lo, hi int)) {
 	var mu sync.Mutex
 	next := 0
-	parallel(w, w, func(_, _ int) {
+	spread(w, func(_ int) {
 		for {
 			mu.Lock()
 			t := next
@@ -203,6 +204,36 @@ func parallelDynamic(n, w int, run func(lo, hi int)) {
 			run(t, t+1)
 		}
 	})
+}
+
+// spread runs f(0), …, f(w-1) on w new goroutines and waits for them; a
+// panic in any is raised again on the calling goroutine. Unlike parallel,
+// the caller runs no share itself: a goroutine started by one that keeps
+// running waits in its processor's next slot, which an idle processor
+// takes only after a delay, often for most of a product of a few hundred
+// microseconds; of goroutines started together, all but the last wait in
+// the run queue, which idle processors take from at once, and the caller's
+// processor runs the last as soon as the caller waits.
+func spread(w int, f func(i int)) {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var perr any
+	for i := range w {
+		wg.Go(func() {
+			defer func() {
+				if r := recover(); r != nil {
+					mu.Lock()
+					perr = r
+					mu.Unlock()
+				}
+			}()
+			f(i)
+		})
+	}
+	wg.Wait()
+	if perr != nil {
+		panic(fmt.Sprint(perr))
+	}
 }
 
 // gemmTile computes the tile of C at rows i0.., columns j0.. of one batch.
