@@ -383,7 +383,7 @@ func matmulSimple[T number](p *mm, c, a, b []T) {
 	rows := p.batch.n * p.m
 	if w := split(rows, p.k*p.n); w > 1 {
 		pp := *p
-		parallel(rows, w, func(lo, hi int) { matmulRows(&pp, c, a, b, lo, hi) })
+		spread(w, func(i int) { matmulRows(&pp, c, a, b, bound(rows, w, i), bound(rows, w, i+1)) })
 		return
 	}
 	matmulRows(p, c, a, b, 0, rows)
