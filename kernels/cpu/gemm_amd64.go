@@ -188,8 +188,8 @@ func gemmShared[T float](p *mm, c, a, b []T, kern gemmKernel[T], w int) {
 	if inplace {
 		packs = 0
 	} else {
-		bh := getF64(0)
-		defer f64Pool.Put(bh)
+		bh := gemmPool.Get().(*[]float64)
+		defer gemmPool.Put(bh)
 		pb = packBuf[T](bh, k*jp*nr)
 	}
 	// Work is taken in units of rp micro-panels of rows by cp panels of
@@ -223,14 +223,13 @@ func gemmShared[T float](p *mm, c, a, b []T, kern gemmKernel[T], w int) {
 		for packed.load() < packs {
 			runtime.Gosched()
 		}
-		ah, eh := getF64(0), getF64(0)
+		ah := getF64(0) // handle; resized below
 		defer f64Pool.Put(ah)
-		defer f64Pool.Put(eh)
 		g := gemmScratch[T]{nkb: nkb, gb: nkb, pb: pb, cols: n, jp: jp}
 		if inplace {
 			g.b = b
 		}
-		g.initRows(k, kern, ah, eh)
+		g.initRows(k, kern, ah)
 		for {
 			t := nextUnit.add() - 1
 			if t >= units {
@@ -281,12 +280,11 @@ func gemmTiles[T float](p *mm, c, a, b []T, kern gemmKernel[T], w int) {
 	tm, tn = (m+tmc-1)/tmc, (n+tnc-1)/tnc
 	tasks := p.batch.n * tm * tn
 	run := func(lo, hi int) {
-		ah, bh, eh := getF64(0), getF64(0), getF64(0) // handles; resized below
+		ah, bh := getF64(0), gemmPool.Get().(*[]float64) // handles; resized below
 		defer f64Pool.Put(ah)
-		defer f64Pool.Put(bh)
-		defer f64Pool.Put(eh)
+		defer gemmPool.Put(bh)
 		var g gemmScratch[T]
-		g.init(p.k, tnc, kern, ah, bh, eh)
+		g.init(p.k, tnc, kern, ah, bh)
 		for t := lo; t < hi; t++ {
 			bi, rest := t/(tm*tn), t%(tm*tn)
 			ti, tj := rest/tn, rest%tn
@@ -317,19 +315,21 @@ type gemmScratch[T float] struct {
 }
 
 // init sizes the buffers for tiles of at most tnc columns.
-func (g *gemmScratch[T]) init(k, tnc int, kern gemmKernel[T], ah, bh, eh *[]float64) {
+func (g *gemmScratch[T]) init(k, tnc int, kern gemmKernel[T], ah, bh *[]float64) {
 	g.nkb = gemmBlocks(k)
 	kb := (k + g.nkb - 1) / g.nkb // longest block
 	g.gb = max(1, min(g.nkb, gpb/sizeOf[T]()/(kb*tnc)))
 	g.pb = packBuf[T](bh, min(k, g.gb*kb)*tnc)
-	g.initRows(min(k, g.gb*kb), kern, ah, eh)
+	g.initRows(min(k, g.gb*kb), kern, ah)
 }
 
-// initRows sizes pa and edge for groups spanning at most gk of k.
-func (g *gemmScratch[T]) initRows(gk int, kern gemmKernel[T], ah, eh *[]float64) {
+// initRows sizes pa and edge, both in ah, for groups spanning at most gk
+// of k.
+func (g *gemmScratch[T]) initRows(gk int, kern gemmKernel[T], ah *[]float64) {
 	g.lda = roundUp(gk, 16) + 16
-	g.pa = packBuf[T](ah, kern.mr*g.lda)
-	g.edge = packBuf[T](eh, kern.mr*kern.nr)
+	na := kern.mr * g.lda
+	buf := packBuf[T](ah, na+kern.mr*kern.nr)
+	g.pa, g.edge = buf[:na:na], buf[na:]
 }
 
 func roundUp(x, m int) int { return (x + m - 1) / m * m }

@@ -177,6 +177,10 @@ func gemmTiled[T float](pv mm, c, a, b []T, micro func(a, b, c []T, ldc int)) {
 	run(0, tasks)
 }
 
+// gemmPool holds the buffers of packed B, apart from f64Pool's smaller
+// scratch, so that a product gets back a buffer of about the size it needs.
+var gemmPool = sync.Pool{New: func() any { return new([]float64) }}
+
 // packBuf views a pooled float64 scratch as at least n elements of T.
 func packBuf[T float](h *[]float64, n int) []T {
 	words := (n*sizeOf[T]() + 7) / 8
