@@ -8,14 +8,16 @@ import (
 )
 
 // The float matmul on amd64: a packed product (B packed in panels of nr
-// columns, A read in place) around assembly
+// columns, or read in place; A read in place) around assembly
 // micro-kernels (gemm_amd64.s), AVX-512 ones where the CPU has AVX-512,
-// else AVX2 and FMA ones, else the pure-Go product of matmul.go.
+// else AVX2 and FMA ones; without AVX2 and FMA, the pure-Go product of
+// matmul.go.
 //
 // Each element of C sums k in blocks (gemmBlocks), in order, the first
 // block stored and each later one added, each block one chain of fused
-// multiply-adds in k order. So the bits depend on the shape alone: not on
-// how the tiles are spread over the cores, nor on which kernel runs.
+// multiply-adds in k order. So on a given CPU the bits depend on the shape
+// alone: not on the number of cores or which goroutine computes what (the
+// work is shared out as it comes), nor on which kernel runs.
 
 // The micro-kernels: C[mr×nr] at c (row length ldc) = A[mr×k] at a (row
 // length lda) · B[k×nr] at b (row length ldb: nr for a packed panel);
@@ -207,7 +209,14 @@ func gemmShared[T float](p *mm, c, a, b []T, kern gemmKernel[T], w int) {
 	cg := (jp + cp - 1) / cp
 	units := ru * cg
 	var nextPack, packed, nextUnit atomicInt
+	var failed atomic.Bool // a goroutine panicked: do not wait for its packs
 	work := func(_ int) {
+		defer func() {
+			if r := recover(); r != nil {
+				failed.Store(true)
+				panic(r)
+			}
+		}()
 		for {
 			t := nextPack.add() - 1
 			if t >= packs {
@@ -220,7 +229,7 @@ func gemmShared[T float](p *mm, c, a, b []T, kern gemmKernel[T], w int) {
 			packBPanels(pb[pc*jp*nr+jb*kk*nr:pc*jp*nr+(jb+1)*kk*nr], b, n, jb*nr, cols, pc, kk, nr)
 			packed.add()
 		}
-		for packed.load() < packs {
+		for packed.load() < packs && !failed.Load() {
 			runtime.Gosched()
 		}
 		ah := getF64(0) // handle; resized below
