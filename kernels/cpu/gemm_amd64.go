@@ -172,10 +172,10 @@ const gpbShared = 8 << 20
 
 // gemmShared computes one matrix product whose B, packed whole, takes at
 // most gpbShared bytes, a panel of it at most gpb, on w goroutines: they
-// pack B's panels, taking them one at a time, then C's rows, a few
-// micro-panels by a group of panels at a time. Neither step waits for a
-// goroutine that has not started, so one the scheduler starts late only
-// takes less of the work.
+// pack B, taking a part at a time, then C's rows, a few micro-panels by a
+// group of panels at a time, each unit once its part of B is packed. No
+// goroutine waits for one that has not started, so one the scheduler
+// starts late only takes less of the work.
 func gemmShared[T float](p *mm, c, a, b []T, kern gemmKernel[T], w int) {
 	m, n, k := p.m, p.n, p.k
 	mr, nr := kern.mr, kern.nr
@@ -186,10 +186,7 @@ func gemmShared[T float](p *mm, c, a, b []T, kern gemmKernel[T], w int) {
 	// A, and its rows do not start at the same offset in every page.
 	inplace := n%nr == 0 && ip <= 12 && n*sizeOf[T]()%4096 != 0
 	var pb []T
-	packs := nkb * jp
-	if inplace {
-		packs = 0
-	} else {
+	if !inplace {
 		bh := gemmPool.Get().(*[]float64)
 		defer gemmPool.Put(bh)
 		pb = packBuf[T](bh, k*jp*nr)
@@ -208,7 +205,14 @@ func gemmShared[T float](p *mm, c, a, b []T, kern gemmKernel[T], w int) {
 	}
 	cg := (jp + cp - 1) / cp
 	units := ru * cg
-	var nextPack, packed, nextUnit atomicInt
+	// B is packed in tasks of one k block by one group of panels, group
+	// by group, reading its rows a group wide.
+	packs := nkb * cg
+	if inplace {
+		packs = 0
+	}
+	packed := make([]atomicInt, cg) // the packed blocks of each group
+	var nextPack, nextUnit atomicInt
 	var failed atomic.Bool // a goroutine panicked: do not wait for its packs
 	work := func(_ int) {
 		defer func() {
@@ -222,15 +226,13 @@ func gemmShared[T float](p *mm, c, a, b []T, kern gemmKernel[T], w int) {
 			if t >= packs {
 				break
 			}
-			bi, jb := t/jp, t%jp
+			q, bi := t/nkb, t%nkb
 			pc, pe := gemmBlock(k, nkb, bi), gemmBlock(k, nkb, bi+1)
 			kk := pe - pc
-			cols := min(nr, n-jb*nr)
-			packBPanels(pb[pc*jp*nr+jb*kk*nr:pc*jp*nr+(jb+1)*kk*nr], b, n, jb*nr, cols, pc, kk, nr)
-			packed.add()
-		}
-		for packed.load() < packs && !failed.Load() {
-			runtime.Gosched()
+			jb0, jb1 := q*cp, min(jp, (q+1)*cp)
+			j0, cols := jb0*nr, min(n, jb1*nr)-jb0*nr
+			packBPanels(pb[pc*jp*nr+jb0*kk*nr:pc*jp*nr+jb1*kk*nr], b, n, j0, cols, pc, kk, nr)
+			packed[q].add()
 		}
 		ah := getF64(0) // handle; resized below
 		defer f64Pool.Put(ah)
@@ -245,6 +247,9 @@ func gemmShared[T float](p *mm, c, a, b []T, kern gemmKernel[T], w int) {
 				return
 			}
 			q, r := t/ru, t%ru
+			for packs > 0 && packed[q].load() < nkb && !failed.Load() {
+				runtime.Gosched()
+			}
 			for ib := r * rp; ib < min(ip, (r+1)*rp); ib++ {
 				gemmRows(p, c, a, ib*mr, min(mr, m-ib*mr), q*cp, min(jp, (q+1)*cp), 0, nkb, &g, kern)
 			}
