@@ -104,6 +104,7 @@ func matmulF32(p *mm, c, a, b []float32) {
 		matmulFloat(p, c, a, b, micro2x4)
 		return
 	}
+	p.fold()
 	kern := kern6x16
 	switch {
 	case hasAVX512 && p.m >= 12 && p.n > 16:
@@ -120,6 +121,7 @@ func matmulF64(p *mm, c, a, b []float64) {
 		matmulFloat(p, c, a, b, micro2x4f64)
 		return
 	}
+	p.fold()
 	kern := kern6x8d
 	switch {
 	case hasAVX512 && p.m >= 12 && p.n > 8:
@@ -142,6 +144,16 @@ func gemmSIMD[T float](p *mm, c, a, b []T, kern gemmKernel[T]) {
 	gemmPacked(*p, c, a, b, kern)
 }
 
+// fold makes a batch of products that share B, A's matrices following
+// each other, one product of all of A's rows (C's follow each other too).
+// The bits do not change: each element of C is computed the same way.
+func (p *mm) fold() {
+	if p.batch.rank == 1 && p.batch.st[0][0] == 1 && p.batch.st[1][0] == 0 {
+		p.m *= p.batch.n
+		p.batch, _ = newBcast(nil)
+	}
+}
+
 // gemmBlocks is the number of k blocks: k is cut into that many blocks of
 // nearly equal length, block i from gemmBlock(k, nb, i).
 func gemmBlocks(k int) int { return (k + gkc - 1) / gkc }
@@ -153,6 +165,7 @@ func gemmBlock(k, nb, i int) int { return k * i / nb }
 // takes p by value so that the caller's copy stays on its stack.
 func gemmPacked[T float](pv mm, c, a, b []T, kern gemmKernel[T]) {
 	p := &pv
+	p.fold()
 	w := 1
 	if p.m*p.n*p.k >= gemmParallel {
 		w = runtime.GOMAXPROCS(0)

@@ -35,6 +35,9 @@ func gemmShapes(r *rand.Rand) []gemmShape {
 		gemmShape{m: 50, k: 300, n: 70, ab: []int{2, 1}, bb: []int{3}},
 		gemmShape{m: 9, k: 20, n: 33, ab: []int{1}, bb: []int{4, 2}},
 		gemmShape{m: 64, k: 64, n: 64, bb: []int{5}},
+		gemmShape{m: 30, k: 50, n: 40, ab: []int{4}},
+		gemmShape{m: 5, k: 300, n: 70, ab: []int{3, 7}},
+		gemmShape{m: 7, k: 20, n: 33, ab: []int{2, 3}, bb: []int{1, 1}},
 	)
 }
 
@@ -132,13 +135,14 @@ func checkKernels[T float](t *testing.T, s gemmShape, p mm, a, b []T, a64, b64 [
 				}
 			}
 		}
+		// The ways of spreading a product, and folding a batch into one
+		// product, give the same bits.
+		tiles := make([]T, len(got))
+		gemmTiles(&p, tiles, a, b, kern, 3)
+		if !sameBits(got, tiles) {
+			t.Errorf("%+v %d×%d: gemmTiles gives other bits than gemmPacked", s, kern.mr, kern.nr)
+		}
 		if p.batch.n == 1 {
-			// The two ways of spreading a product give the same bits.
-			tiles := make([]T, len(got))
-			gemmTiles(&p, tiles, a, b, kern, 3)
-			if !sameBits(got, tiles) {
-				t.Errorf("%+v %d×%d: gemmTiles gives other bits than gemmPacked", s, kern.mr, kern.nr)
-			}
 			gemmShared(&p, tiles, a, b, kern, 3)
 			if !sameBits(got, tiles) {
 				t.Errorf("%+v %d×%d: gemmShared gives other bits than gemmPacked", s, kern.mr, kern.nr)
