@@ -118,11 +118,11 @@ func execMatmul(b *Backend, op *kernels.Op, in, out []*kernels.Tensor) error {
 	return nil
 }
 
-// Blocking of the packed float kernel (float64; float32 too where the
-// assembly path of gemm_amd64.go is not taken): the micro-kernel computes
-// an mr×nr block of C over a kc-long slice of k from packed panels of A
-// (mr rows, interleaved) and B (nr columns, interleaved); a task computes
-// an mc×nc tile of C for all of k.
+// Blocking of the pure-Go packed float kernel (where the assembly path of
+// gemm_amd64.go is not taken): the micro-kernel computes an mr×nr block of
+// C over a kc-long slice of k from packed panels of A (mr rows,
+// interleaved) and B (nr columns, interleaved); a task computes an mc×nc
+// tile of C for all of k.
 const (
 	mr = 2
 	nr = 4
