@@ -25,22 +25,23 @@
 // the gradient program, Backward frees every intermediate tensor of the
 // graph and of the gradient program (a free is an op like any other, run
 // after the ops queued before it), keeping the loss, the leaves (uploaded,
-// wrapped, RequireGrad'ed tensors and the gradients) and tensors marked by
-// Retain. Tensors made by creation ops (Full, Zeros, Uniform, Bernoulli,
-// ...) are intermediates: Retain a constant that is reused across steps,
-// or make it a leaf with Detach. Release frees a graph that no Backward
-// will walk, such as an evaluation.
+// wrapped or RequireGrad'ed tensors, and the gradients) and the tensors
+// marked by Retain. Tensors made by creation ops (Full, Zeros, Uniform,
+// Bernoulli, ...) are intermediates too: Retain a constant reused across
+// steps, or make it a leaf with Detach. RequireGrad and Detach turn a
+// computed tensor into a leaf and free the intermediates it came from, so
+// an optimizer's update leaves nothing behind; Release frees a graph that
+// no Backward will walk, such as an evaluation.
 //
-// A training step:
+// A training step, by hand:
 //
 //	s, _ := c.Open(ctx, "cpu-0")
-//	w := nn.Uniform(s, []int{784, 10}, -0.03, 0.03).RequireGrad()
+//	w := nn.Normal(s, []int{784, 10}, 0, 0.03).RequireGrad()
 //	b := nn.Zeros(s, kernels.Float32, []int{10}).RequireGrad()
 //	for step := range steps {
 //		x, _ := nn.Upload(ctx, s, kernels.Float32, []int{64, 784}, images[step])
 //		y, _ := nn.Upload(ctx, s, kernels.Int64, []int{64}, labels[step])
-//		logits := nn.Matmul(x, w).Add(b)
-//		loss := nn.CrossEntropy(logits, y, nn.ReduceMean)
+//		loss := nn.CrossEntropy(nn.Matmul(x, w).Add(b), y, nn.ReduceMean)
 //		if err := nn.Backward(loss); err != nil {
 //			return err // a shape error, or an op without a gradient rule
 //		}
@@ -50,9 +51,23 @@
 //			(*p).Free()
 //			*p = next
 //		}
-//		v, err := loss.Item(ctx) // the first wait for the worker
+//		v, err := loss.Item(ctx) // the step's only wait for the worker
 //		...
 //		loss.Free(); x.Free(); y.Free()
+//	}
+//
+// and with layers and an optimizer:
+//
+//	l1, _ := nn.NewLinear(s, 784, 128)
+//	l2, _ := nn.NewLinear(s, 128, 10)
+//	model := nn.NewSequential(l1, nn.ReLU{}, l2)
+//	opt := &nn.SGD{LR: 0.1, Momentum: 0.9}
+//	for step := range steps {
+//		logits, err := model.Forward(x)
+//		...
+//		loss := nn.CrossEntropy(logits, y, nn.ReduceMean)
+//		if err := nn.Backward(loss); err != nil { ... }
+//		if err := opt.Step(model.Params()); err != nil { ... }
 //	}
 //
 // Tensors and graphs are not safe for concurrent use; the session under

@@ -42,6 +42,8 @@ func Backward(loss *Tensor) error {
 		return fmt.Errorf("%w: Backward of a freed loss %v", ErrFreed, loss)
 	case loss.meta.Numel() != 1:
 		return fmt.Errorf("%w: Backward of a loss of shape %v: want a single element (sum or average it first)", ErrNotScalar, loss.meta.Shape)
+	case loss.cut:
+		return fmt.Errorf("%w: Backward of %v, whose graph an earlier Backward or Release freed", ErrNoGrad, loss)
 	case !loss.reqGrad:
 		return fmt.Errorf("%w: Backward: the loss %v depends on no tensor that requires a gradient (see RequireGrad), or an earlier Backward or Release freed its graph", ErrNoGrad, loss)
 	}
@@ -154,21 +156,24 @@ func Backward(loss *Tensor) error {
 			t.Free()
 		}
 	})
-	walk(roots, func(t *Tensor) {
-		if t.node != nil {
-			t.detach()
-			t.reqGrad = false
-		}
-	})
-	if loss.node != nil {
-		loss.detach()
-		loss.reqGrad = false
-	}
+	walk(roots, (*Tensor).spend)
 	for g := range final {
 		g.detach()
-		g.reqGrad = false
+		g.reqGrad, g.cut = false, false
 	}
 	return nil
+}
+
+// spend drops t's history after a Backward or a Release freed its graph.
+// A tensor that required a gradient is marked, so that a later Backward
+// that reaches it fails instead of treating it as a constant.
+func (t *Tensor) spend() {
+	if t.node == nil {
+		return
+	}
+	t.cut = t.cut || t.reqGrad
+	t.detach()
+	t.reqGrad = false
 }
 
 // Release frees t and the tensors it was computed from, except leaves and
@@ -191,11 +196,11 @@ func forget(t *Tensor, self bool) {
 		}
 	})
 	walk([]*Tensor{t}, func(u *Tensor) {
-		if u.node != nil {
-			u.detach()
-			u.reqGrad = false
+		if u != t || self {
+			u.spend()
 		}
 	})
+	t.detach()
 }
 
 // walk visits every tensor reachable from roots through recorded ops
@@ -244,11 +249,13 @@ func topo(loss *Tensor) ([]*node, error) {
 		if f.next < len(f.n.in) {
 			x := f.n.in[f.next]
 			f.next++
-			if !x.reqGrad {
-				continue
-			}
-			if x.freed {
+			switch {
+			case x.cut:
+				return nil, fmt.Errorf("%w: Backward reached %v, an input of %s, whose graph an earlier Backward or Release freed (add the losses and call Backward once, or Detach it to use it as a constant)", ErrFreed, x, f.n.op.k.Name)
+			case x.freed && x.reqGrad:
 				return nil, fmt.Errorf("%w: Backward reached %v, an input of %s, which was freed", ErrFreed, x, f.n.op.k.Name)
+			case !x.reqGrad:
+				continue
 			}
 			if x.node != nil && state[x.node] == 0 {
 				state[x.node] = 1

@@ -36,7 +36,7 @@ func init() {
 		kernels.OpSqrt:       unary(func(x, y, g *Tensor) *Tensor { return Div(ScalarMul(g, 0.5), y) }),
 		kernels.OpRsqrt:      unary(func(x, y, g *Tensor) *Tensor { return Mul(g, ScalarMul(Mul(Mul(y, y), y), -0.5)) }),
 		kernels.OpReciprocal: unary(func(x, y, g *Tensor) *Tensor { return Neg(Mul(g, Mul(y, y))) }),
-		kernels.OpRelu:       unary(func(x, y, g *Tensor) *Tensor { return Mul(g, mask(Gt(x, Scalar(x, 0)), x)) }),
+		kernels.OpRelu:       unary(func(x, y, g *Tensor) *Tensor { return Mul(g, Sign(y)) }), // y ≥ 0: sign(y) is x > 0
 		kernels.OpSigmoid:    unary(func(x, y, g *Tensor) *Tensor { return Mul(g, Mul(y, oneMinus(y))) }),
 		kernels.OpTanh:       unary(func(x, y, g *Tensor) *Tensor { return Mul(g, oneMinus(Mul(y, y))) }),
 		kernels.OpAbs:        unary(func(x, y, g *Tensor) *Tensor { return Mul(g, Sign(x)) }),
@@ -98,6 +98,7 @@ func init() {
 		kernels.OpMax:       reduction(extremumGrad),
 		kernels.OpMin:       reduction(extremumGrad),
 		kernels.OpLogsumexp: reduction(func(x *Tensor, yk func() *Tensor, gk *Tensor, axes []int) *Tensor { return Mul(gk, Exp(Sub(x, yk()))) }),
+		kernels.OpProd:      reduction(prodGrad),
 		kernels.OpVar:       varRule,
 
 		kernels.OpSoftmax: unary(func(x, y, g *Tensor) *Tensor {
@@ -240,7 +241,8 @@ func sumTo(g *Tensor, shape []int) *Tensor {
 	}
 	r := g
 	if len(axes) > 0 {
-		r = Sum(g, axes, true)
+		// Leading axes alone are summed away; others are kept as 1.
+		r = Sum(g, axes, axes[len(axes)-1] >= lead)
 	}
 	if !slices.Equal(r.meta.Shape, shape) {
 		r = Reshape(r, shape...)
@@ -325,6 +327,20 @@ func meanGrad(x *Tensor, _ func() *Tensor, gk *Tensor, axes []int) *Tensor {
 func extremumGrad(x *Tensor, yk func() *Tensor, gk *Tensor, axes []int) *Tensor {
 	m := mask(Eq(x, yk()), x)
 	return Mul(gk, Div(m, Sum(m, axes, true)))
+}
+
+// prodGrad is the product of the other elements of each group, without
+// dividing by a zero: with no zero in the group it is the product over
+// x; with one, it is the product of the rest at the zero and 0 elsewhere;
+// with more, 0.
+func prodGrad(x *Tensor, _ func() *Tensor, gk *Tensor, axes []int) *Tensor {
+	zero, one := Scalar(x, 0), Scalar(x, 1)
+	isZero := Eq(x, zero)
+	safe := Where(isZero, one, x)
+	zeros := Sum(mask(isZero, x), axes, true)
+	rest := Prod(safe, axes, true) // the product of the nonzero elements
+	d := Where(Eq(zeros, zero), Div(rest, safe), Where(And(isZero, Eq(zeros, one)), rest, zero))
+	return Mul(gk, d)
 }
 
 func varRule(n *node, g []*Tensor) []*Tensor {

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/jetfabric/jetfabric/client"
@@ -113,12 +114,14 @@ func TestBadInputs(t *testing.T) {
 			return upload(t, s, kernels.Int64, []int{2}).RequireGrad().Err()
 		}, nn.ErrInvalidArgument, []string{"i64"}},
 		{"no rule", func() error {
-			x := upload(t, s, f64, []int{3}).RequireGrad()
-			return nn.Backward(nn.Prod(x, nil, false))
-		}, nn.ErrNoRule, []string{"prod"}},
+			x := upload(t, s, f64, []int{1, 1, 2, 2}).RequireGrad()
+			return nn.Backward(nn.Sum(nn.AvgPool2dGrad(x, []int{1, 1, 4, 4}, nn.PoolOpts{Kernel: [2]int{2, 2}}), nil, false))
+		}, nn.ErrNoRule, []string{"avg_pool2d_grad"}},
 		{"nil input", func() error { return nn.Add(upload(t, s, f64, []int{2}), nil).Err() }, nn.ErrInvalidArgument, []string{"add"}},
 		{"Backward of nil", func() error { return nn.Backward(nil) }, nn.ErrInvalidArgument, nil},
 		{"reshape", func() error { return nn.Reshape(upload(t, s, f64, []int{2, 3}), 4).Err() }, kernels.ErrShape, []string{"reshape", "[2 3]"}},
+		{"flatten axis", func() error { return nn.Flatten(upload(t, s, f64, []int{2, 3}), 2).Err() }, kernels.ErrAttr, []string{"flatten", "[2 3]"}},
+		{"transpose axis", func() error { return nn.Transpose(upload(t, s, f64, []int{2, 3}), 0, -3).Err() }, kernels.ErrAttr, []string{"transpose", "[2 3]"}},
 		{"dropout p", func() error { return nn.Dropout(upload(t, s, f64, []int{2}), 1).Err() }, nn.ErrInvalidArgument, []string{"dropout"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -139,8 +142,10 @@ func TestBadInputs(t *testing.T) {
 	}
 }
 
-// TestTies pins how max, min, maximum and minimum share a gradient
-// between equal elements: evenly.
+// TestTies pins the gradients where central differences cannot: max,
+// min, maximum and minimum share a gradient between equal elements
+// evenly; relu and abs give 0 at 0; prod's gradient at zeros is the
+// product of the others.
 func TestTies(t *testing.T) {
 	_, s, _ := fabric(t)
 	f64 := kernels.Float64
@@ -160,6 +165,10 @@ func TestTies(t *testing.T) {
 			[]float64{1, 2, 3}, []float64{1, 1, 4}, []float64{0.5, 1, 0}, []float64{0.5, 0, 1}},
 		{"minimum", func(x, y *nn.Tensor) *nn.Tensor { return nn.Sum(nn.Minimum(x, y), nil, false) },
 			[]float64{1, 2, 3}, []float64{1, 1, 4}, []float64{0.5, 0, 1}, []float64{0.5, 1, 0}},
+		{"prod with a zero", func(x, _ *nn.Tensor) *nn.Tensor {
+			return nn.Sum(nn.Prod(nn.Reshape(x, 3, 3), []int{1}, false), nil, false)
+		},
+			[]float64{2, 0, 3, 0, 0, 5, 1, 2, 3}, nil, []float64{0, 6, 0, 0, 0, 0, 6, 3, 2}, nil},
 		{"relu at 0", func(x, _ *nn.Tensor) *nn.Tensor { return nn.Sum(nn.Relu(x), nil, false) }, []float64{-1, 0, 2}, nil, []float64{0, 0, 1}, nil},
 		{"abs at 0", func(x, _ *nn.Tensor) *nn.Tensor { return nn.Sum(nn.Abs(x), nil, false) }, []float64{-1, 0, 2}, nil, []float64{-1, 0, 1}, nil},
 	} {
@@ -294,6 +303,40 @@ func TestBackwardFreesIntermediates(t *testing.T) {
 	t.Logf("loss %.4f -> %.4f", first, last)
 }
 
+// TestBackwardErrorFreesItsOwn: a Backward that fails (here on an op
+// without a rule) frees the gradient ops it had enqueued and leaves the
+// graph as it was.
+func TestBackwardErrorFreesItsOwn(t *testing.T) {
+	_, s, w := fabric(t)
+	ctx := context.Background()
+	x := upload(t, s, kernels.Float64, []int{1, 1, 2, 2}).RequireGrad()
+	dx := nn.AvgPool2dGrad(x, []int{1, 1, 4, 4}, nn.PoolOpts{Kernel: [2]int{2, 2}})
+	loss := nn.Sum(nn.Exp(nn.Reshape(dx, 4, 4)), nil, false)
+	if err := s.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// x, avg_pool2d_grad, reshape, exp, sum: 32 + 3·128 + 8 bytes.
+	expectBytes(t, w, 424, "before Backward")
+	if err := nn.Backward(loss); !errors.Is(err, nn.ErrNoRule) {
+		t.Fatalf("Backward: %v, want ErrNoRule", err)
+	}
+	if err := s.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	expectBytes(t, w, 424, "after the failed Backward")
+	if x.Grad() != nil {
+		t.Error("a failed Backward set a gradient")
+	}
+	if v := readValues(t, loss); len(v) != 1 {
+		t.Fatalf("loss = %v", v)
+	}
+	nn.Release(loss)
+	if err := s.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	expectBytes(t, w, 32, "after Release")
+}
+
 // TestRelease drops an evaluation graph: the memory goes back to what the
 // leaves hold.
 func TestRelease(t *testing.T) {
@@ -313,4 +356,97 @@ func TestRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	expectBytes(t, w, base, "after Release")
+}
+
+// TestGraphUsedTwice: a second Backward through a graph that an earlier
+// one freed fails, naming the cause, rather than missing the gradient
+// through it; with the losses added, one Backward gives both gradients.
+func TestGraphUsedTwice(t *testing.T) {
+	_, s, _ := fabric(t)
+	x := upload(t, s, kernels.Float64, []int{3}, 1, 2, 3).RequireGrad()
+	h := nn.Exp(x).Retain()
+	l1 := nn.Sum(h, nil, false)
+	l2 := nn.Sum(nn.Mul(h, x), nil, false)
+	if err := nn.Backward(l1); err != nil {
+		t.Fatal(err)
+	}
+	err := nn.Backward(l2)
+	if !errors.Is(err, nn.ErrFreed) || !strings.Contains(err.Error(), "earlier Backward") {
+		t.Fatalf("second Backward: %v, want ErrFreed naming the earlier Backward", err)
+	}
+	if v := readValues(t, h); len(v) != 3 || math.Abs(v[0]-math.E) > 1e-12 {
+		t.Fatalf("the retained h = %v", v)
+	}
+	// Detached, h is a constant.
+	l3 := nn.Sum(nn.Mul(h.Detach(), x), nil, false)
+	if err := nn.Backward(l3); err != nil {
+		t.Fatalf("Backward through a detached h: %v", err)
+	}
+	if g := readValues(t, x.Grad()); math.Abs(g[0]-math.E) > 1e-12 {
+		t.Fatalf("dx with h constant = %v, want h", g)
+	}
+
+	h = nn.Exp(x)
+	loss := nn.Add(nn.Sum(h, nil, false), nn.Sum(nn.Mul(h, x), nil, false))
+	if err := nn.Backward(loss); err != nil {
+		t.Fatal(err)
+	}
+	g := readValues(t, x.Grad())
+	for i, xi := range []float64{1, 2, 3} {
+		// d/dx (e^x + x e^x) = e^x (2 + x)
+		if want := math.Exp(xi) * (2 + xi); math.Abs(g[i]-want) > 1e-9*want {
+			t.Errorf("dx[%d] = %v, want %v", i, g[i], want)
+		}
+	}
+}
+
+// TestGradReplaced: a second Backward frees the gradient it replaces.
+func TestGradReplaced(t *testing.T) {
+	_, s, w := fabric(t)
+	ctx := context.Background()
+	x := upload(t, s, kernels.Float64, []int{4}).RequireGrad()
+	for i := range 5 {
+		loss := nn.Sum(nn.Tanh(x), nil, false)
+		if err := nn.Backward(loss); err != nil {
+			t.Fatal(err)
+		}
+		loss.Free()
+		if err := s.Sync(ctx); err != nil {
+			t.Fatal(err)
+		}
+		expectBytes(t, w, 64, fmt.Sprintf("after Backward %d", i+1)) // x and its gradient
+	}
+}
+
+// TestConcurrentSessions: graphs of different sessions are built and
+// differentiated from different goroutines at once (run with -race).
+func TestConcurrentSessions(t *testing.T) {
+	c, _, _ := fabric(t)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		s, err := c.Open(ctx, "cpu-0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close(ctx) })
+		x := upload(t, s, kernels.Float64, []int{3}, 1, 2, float64(i)).RequireGrad()
+		wg.Go(func() {
+			for range 10 {
+				loss := nn.Sum(nn.Mul(nn.Sigmoid(x), x), nil, false)
+				if errs[i] = nn.Backward(loss); errs[i] != nil {
+					return
+				}
+				loss.Free()
+			}
+			_, errs[i] = x.Grad().Float64s(ctx)
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("session %d: %v", i, err)
+		}
+	}
 }

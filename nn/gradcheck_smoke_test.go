@@ -3,6 +3,7 @@ package nn_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -33,7 +34,9 @@ func fabric(t testing.TB) (*client.Client, *client.Session, *worker.Worker) {
 	return c, s, w
 }
 
-func TestSmoke(t *testing.T) {
+// TestBackwardSquare: the gradient of sum(x²) is 2x, read back from the
+// worker.
+func TestBackwardSquare(t *testing.T) {
 	_, s, _ := fabric(t)
 	ctx := context.Background()
 	x, err := nn.FromValues(ctx, s, kernels.Float64, []int{2, 3}, []float64{1, 2, 3, 4, 5, 6})
@@ -45,15 +48,16 @@ func TestSmoke(t *testing.T) {
 	if err := nn.Backward(loss); err != nil {
 		t.Fatal(err)
 	}
-	v, err := loss.Item(ctx)
-	if err != nil {
-		t.Fatal(err)
+	if v, err := loss.Item(ctx); err != nil || v != 91 {
+		t.Fatalf("loss = %v, %v; want 91", v, err)
 	}
 	g, err := x.Grad().Float64s(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Log(v, g)
+	if want := []float64{2, 4, 6, 8, 10, 12}; !slices.Equal(g, want) {
+		t.Fatalf("dx = %v, want %v", g, want)
+	}
 }
 
 // checkFor polls fn every step until it returns nil or total passes.

@@ -124,7 +124,9 @@ func ltNeedOp(t *testing.T, s *client.Session, op string) {
 	}
 }
 
-// Reference implementations in float64, over row-major slices.
+// Reference implementations in float64, over row-major slices (conv2d,
+// max_pool2d and avg_pool2d checked against torch.nn.functional on these
+// tests' cases).
 
 func ltRefLinear(x []float64, rows int, w, b []float64, in, out int) []float64 {
 	y := make([]float64, rows*out)
@@ -330,6 +332,16 @@ func TestLayerForward(t *testing.T) {
 		shape: []int{1, 2, 5, 5},
 		ref: func(x []float64, _ [][]float64) []float64 {
 			return ltRefPool(x, 1, 2, 5, 5, nn.PoolOpts{Kernel: [2]int{3, 3}, Stride: [2]int{2, 2}, Padding: [2]int{1, 1}}, true)
+		},
+	}, {
+		name: "MaxPool2d dilation",
+		op:   "max_pool2d",
+		layer: func() (nn.Layer, error) {
+			return nn.NewMaxPool2d(nn.PoolOpts{Kernel: [2]int{2, 2}, Dilation: [2]int{2, 1}}), nil
+		},
+		shape: []int{1, 1, 5, 4},
+		ref: func(x []float64, _ [][]float64) []float64 {
+			return ltRefPool(x, 1, 1, 5, 4, nn.PoolOpts{Kernel: [2]int{2, 2}, Dilation: [2]int{2, 1}}, true)
 		},
 	}, {
 		name: "AvgPool2d padding counted",

@@ -162,13 +162,13 @@ func Reshape(x *Tensor, shape ...int) *Tensor {
 }
 
 // Flatten reshapes x to [d0, ..., d(axis-1), rest]: the axes from axis on
-// become one.
+// (negative: counted from the end) become one.
 func Flatten(x *Tensor, axis int) *Tensor {
 	if x == nil || x.err != nil {
 		return op1(kernels.OpReshape, x)
 	}
 	r := len(x.meta.Shape)
-	a, err := kernels.NormAxis("flatten", axis, r+1)
+	a, err := kernels.NormAxis("flatten", axis, r)
 	if err != nil {
 		return failed(x.s, fmt.Errorf("nn: flatten of %v: %w", x, err))
 	}

@@ -262,3 +262,44 @@ func TestSaveErrors(t *testing.T) {
 		t.Fatalf("failed saves left %v (%v)", entries, err)
 	}
 }
+
+// TestSaveLoadDTypes round-trips parameters of every float dtype and an
+// integer one, bit for bit.
+func TestSaveLoadDTypes(t *testing.T) {
+	s := ltNewSession(t)
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "dtypes.safetensors")
+	vals := []float64{0.5, -2, 1e-3, 3}
+	var params []*nn.Param
+	for _, dt := range []kernels.DType{kernels.Float32, kernels.Float64, kernels.Float16, kernels.BFloat16, kernels.Int64} {
+		params = append(params, &nn.Param{Name: "p." + dt.String(), T: ltFromValues(t, s, dt, []int{2, 2}, vals)})
+	}
+	if err := nn.Save(ctx, path, params); err != nil {
+		t.Fatal(err)
+	}
+	want := ltParamValues(t, params)
+	for _, p := range params {
+		p.T = nn.Zeros(s, p.T.DType(), p.T.Shape())
+	}
+	if err := nn.Load(ctx, path, params); err != nil {
+		t.Fatal(err)
+	}
+	if got := ltParamValues(t, params); !equalMaps(got, want) {
+		t.Fatalf("loaded %v, want %v", got, want)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := safetensors.Decode(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dts []safetensors.DType
+	for _, x := range f.Tensors {
+		dts = append(dts, x.DType)
+	}
+	if w := []safetensors.DType{safetensors.I64, safetensors.F64, safetensors.F32, safetensors.BF16, safetensors.F16}; !slices.Equal(dts, w) {
+		t.Errorf("dtypes in file order %v, want %v", dts, w)
+	}
+}

@@ -29,6 +29,7 @@ type Tensor struct {
 	index int
 
 	reqGrad  bool // a leaf marked by RequireGrad, or made by ops from one
+	cut      bool // required a gradient, but Backward or Release dropped its history
 	retained bool
 	freed    bool
 	grad     *Tensor
@@ -293,7 +294,7 @@ func (t *Tensor) RequireGrad() *Tensor {
 	if t.node != nil {
 		forget(t, false)
 	}
-	t.reqGrad = true
+	t.reqGrad, t.cut = true, false
 	return t
 }
 
@@ -315,9 +316,12 @@ func (t *Tensor) Grad() *Tensor { return t.grad }
 func (t *Tensor) SetGrad(g *Tensor) { t.grad = g }
 
 // Retain keeps t when Backward or Release frees the intermediates of its
-// graph, and returns t. After that Backward, t is a constant: its history
-// is forgotten. Retain the tensors read after Backward (the model's
-// output) and those reused across steps (a constant built once by ops).
+// graph, and returns t. Retain the tensors read after Backward (the
+// model's output) and those reused across steps (a constant built once by
+// ops; or make it a leaf with Detach). After that Backward, t's history
+// is gone: a later Backward that reaches t fails with ErrFreed rather than
+// miss the gradient through it, unless t is detached (Detach) to be used
+// as a constant.
 func (t *Tensor) Retain() *Tensor {
 	t.retained = true
 	return t
@@ -334,7 +338,7 @@ func (t *Tensor) Detach() *Tensor {
 	if t.node != nil {
 		forget(t, false)
 	}
-	t.reqGrad = false
+	t.reqGrad, t.cut = false, false
 	return t
 }
 
