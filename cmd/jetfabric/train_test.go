@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -119,6 +120,29 @@ func TestTrainMLPLearns(t *testing.T) {
 	}
 	if rep.TestAccuracy < 0.85 {
 		t.Fatalf("test accuracy %.3f, want at least 0.85", rep.TestAccuracy)
+	}
+}
+
+// TestTrainCNNRuns: two steps of the CNN (convolutions, max pool, dropout,
+// log_softmax) through a real worker, and its weights under PyTorch's
+// state_dict names.
+func TestTrainCNNRuns(t *testing.T) {
+	b := brokertest.Run(t)
+	workertest.Run(t, b, workertest.CPUs(1))
+	f := &trainFlags{model: "cnn", devices: []string{"cpu-0"}, epochs: 1, batch: 32, lr: 1e-3, seed: 1,
+		limit: 64, testLimit: 100, hidden: 512, check: 1, save: filepath.Join(t.TempDir(), "cnn.safetensors")}
+	rep := trainOn(t, b.ClientURL(), f, nil)
+	if rep.Steps != 2 || math.IsNaN(rep.FinalLoss) || rep.TestAccuracy < 0 || rep.TestAccuracy > 1 {
+		t.Fatalf("%+v", rep)
+	}
+	data, err := os.ReadFile(f.save)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"0.weight", "2.bias", "7.weight", "10.bias"} {
+		if !strings.Contains(string(data[:min(len(data), 4096)]), `"`+name+`"`) {
+			t.Fatalf("no %s in the saved header", name)
+		}
 	}
 }
 
