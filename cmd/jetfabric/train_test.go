@@ -260,6 +260,7 @@ func TestTrainDataErrors(t *testing.T) {
 		{[]string{"-limit", "60001"}, "-limit 60001: the training set holds 60000 examples"},
 		{[]string{"-test-limit", "10001"}, "-test-limit 10001"},
 		{[]string{"-model", "gru"}, "want mlp or cnn"},
+		{[]string{"-device", "tpu-0", "-limit", "10", "-test-limit", "10"}, "train starts cpu-N and gpu-N devices only"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
