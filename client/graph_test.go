@@ -1,0 +1,133 @@
+package client_test
+
+import (
+	"bytes"
+	"context"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/jetfabric/jetfabric/client"
+	"github.com/jetfabric/jetfabric/codec"
+)
+
+// randomStep builds a random program on s over inputs of shape [4, 6]
+// f32: elementwise ops, reductions that broadcast back, matrix products,
+// random ops and frees. scalars are its scalar values; bind, when not nil,
+// binds the attribute of the op that made a tensor to scalar j (capture).
+// The same r gives the same program on a live session and in a graph.
+func randomStep(s *client.Session, r *rand.Rand, in []*client.Tensor, scalars []float64, bind func(*client.Tensor, string, int)) []*client.Tensor {
+	shape := []int{4, 6}
+	pool := slices.Clone(in)
+	var made []*client.Tensor
+	pick := func() *client.Tensor { return pool[r.IntN(len(pool))] }
+	add := func(t *client.Tensor) {
+		pool = append(pool, t)
+		made = append(made, t)
+	}
+	for range 12 + r.IntN(20) {
+		switch k := r.IntN(12); k {
+		case 0:
+			add(pick().Add(pick()))
+		case 1:
+			add(pick().Mul(pick()))
+		case 2:
+			add(pick().Sub(pick().Tanh()))
+		case 3:
+			add(s.Apply(codec.Op{Op: "sigmoid"}, pick()))
+		case 4:
+			add(pick().Sub(pick().Reduce("max", true, 1)))
+		case 5:
+			add(pick().Matmul(pick().Permute(1, 0)).Matmul(pick()))
+		case 6:
+			u := s.Uniform(shape, -1, scalars[1])
+			if bind != nil {
+				bind(u, "high", 1)
+			}
+			add(u)
+		case 7:
+			add(s.Normal(shape, 0, 1).Mul(pick()))
+		case 8:
+			m := s.Apply(codec.Op{Op: "bernoulli", Shape: shape, P: 0.5, DType: "f32"})
+			add(pick().Mul(m))
+		case 9:
+			f := s.Full(shape, scalars[0])
+			if bind != nil {
+				bind(f, "value", 0)
+			}
+			add(pick().Mul(f))
+		case 10:
+			// Free a tensor made here that is not among the last three.
+			if len(made) > 4 {
+				j := r.IntN(len(made) - 3)
+				t := made[j]
+				made = slices.Delete(made, j, j+1)
+				pool = slices.DeleteFunc(pool, func(u *client.Tensor) bool { return u == t })
+				t.Free()
+			}
+		case 11:
+			add(s.Apply(codec.Op{Op: "log1p"}, pick().Exp()))
+		}
+	}
+	for len(made) < 3 {
+		made = append(made, pick().Neg())
+	}
+	return made[len(made)-3:]
+}
+
+func TestReplayEqualsOpByOp(t *testing.T) {
+	_, c := fabric(t)
+	ctx := context.Background()
+	for seed := range uint64(6) {
+		r := rand.New(rand.NewPCG(seed, 7))
+		data := make([][]float32, 2)
+		for i := range data {
+			data[i] = make([]float32, 24)
+			for j := range data[i] {
+				data[i][j] = float32(r.NormFloat64())
+			}
+		}
+		scalars := []float64{r.Float64(), 1 + r.Float64()}
+		progSeed := r.Uint64()
+
+		// Op by op.
+		a := open(t, c, "cpu-0")
+		a.Seed(99)
+		ain := []*client.Tensor{a.FromFloat32([]int{4, 6}, data[0]), a.FromFloat32([]int{4, 6}, data[1])}
+		want := randomStep(a, rand.New(rand.NewPCG(progSeed, 1)), ain, scalars, nil)
+
+		// Captured with other scalars, replayed with these.
+		g := c.NewGraph()
+		gin := []*client.Tensor{g.Input("f32", []int{4, 6}), g.Input("f32", []int{4, 6})}
+		s0, s1 := g.Scalar(0.5), g.Scalar(2)
+		gout := randomStep(g.Session(), rand.New(rand.NewPCG(progSeed, 1)), gin, []float64{0.5, 2}, func(t *client.Tensor, attr string, j int) {
+			if err := g.Bind(t, attr, []client.Scalar{s0, s1}[j]); err != nil {
+				panic(err)
+			}
+		})
+		def, err := g.Define(ctx, gout...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := open(t, c, "cpu-1")
+		b.Seed(99)
+		bin := []*client.Tensor{b.FromFloat32([]int{4, 6}, data[0]), b.FromFloat32([]int{4, 6}, data[1])}
+		got := b.Replay(def, bin, scalars...)
+		for j := range want {
+			if got[j].ID() != want[j].ID() {
+				t.Errorf("seed %d: output %d has id %d in the replay, %d op by op", seed, j, got[j].ID(), want[j].ID())
+			}
+			wd, err := want[j].Read(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			gd, err := got[j].Read(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(wd.Bytes, gd.Bytes) || !slices.Equal(wd.Shape, gd.Shape) {
+				t.Fatalf("seed %d: output %d differs:\nop by op %v\nreplay   %v", seed, j, read(t, want[j]), read(t, got[j]))
+			}
+		}
+	}
+}

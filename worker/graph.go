@@ -1,0 +1,403 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetfabric/jetfabric/codec"
+	"github.com/jetfabric/jetfabric/kernels"
+)
+
+// opReplay runs a captured graph (see codec.Graph): its ops, with the
+// graph's placeholders bound to the replay's inputs and scalars and the
+// tensors it makes given ids from Base on in the order it makes them,
+// execute exactly as the same ops sent one by one would: a session that
+// sends them one by one mints those very ids. Out names the graph's
+// outputs among them.
+const opReplay = "replay"
+
+// maxCachedGraphs bounds the validated graphs a device keeps.
+const maxCachedGraphs = 64
+
+// graphLoadTimeout bounds the fetch of a definition from the graph bucket.
+const graphLoadTimeout = 10 * time.Second
+
+// graphCache holds a device's validated graphs, least recently used
+// evicted first. Graphs are named by their content, so an entry never goes
+// stale; it is shared by every session of the device. Device loop only.
+type graphCache struct {
+	kv      jetstream.KeyValue
+	plans   map[string]*graphPlan
+	clock   uint64
+	lastUse map[string]uint64
+}
+
+// graphPlan is a validated graph compiled for replay: its ops over local
+// ids, with a free inserted after the last use of every internal tensor
+// that the graph neither outputs nor frees itself, so a replay holds no
+// more memory than it needs and the device's fusion sees which results
+// it may drop.
+type graphPlan struct {
+	name string
+	// err is the validation failure of a definition that is stored but
+	// invalid: replays of it fail at once with it.
+	err     error
+	inputs  []kernels.Meta
+	scalars int
+	// internal is the number of ids the graph produces (local ids
+	// len(inputs)+1 on); a replay reserves that many from its Base.
+	internal int
+	// outputs are the offsets from Base of the graph's outputs.
+	outputs []uint64
+	// ops are the graph's ops over local ids, frees inserted; origin is
+	// each one's index in the definition (-1: a free of the plan).
+	ops    []codec.Op
+	origin []int
+	binds  [][]codec.Bind // per op of ops
+}
+
+// graphAttrs are the attributes a scalar placeholder may set: floats that
+// never change a shape.
+var graphAttrs = map[string]func(*codec.Op) *float64{
+	"value": func(o *codec.Op) *float64 { return &o.Value },
+	"low":   func(o *codec.Op) *float64 { return &o.Low },
+	"high":  func(o *codec.Op) *float64 { return &o.High },
+	"mean":  func(o *codec.Op) *float64 { return &o.Mean },
+	"std":   func(o *codec.Op) *float64 { return &o.Std },
+	"eps":   func(o *codec.Op) *float64 { return &o.Eps },
+	"p":     func(o *codec.Op) *float64 { return &o.P },
+}
+
+// graphRun is the replay in progress, for naming the op of an error.
+type graphRun struct {
+	name   string
+	origin int // index in the definition of the op running
+}
+
+// inGraph names the op of the graph in an error raised inside a replay.
+// It is a no-op outside one.
+func (x *exec) inGraph(e *codec.Error) {
+	if g := x.graph; g != nil {
+		e.Message = fmt.Sprintf("graph %s op %d: %s", g.name[:12], g.origin, e.Message)
+	}
+}
+
+// replay runs op, a replay, as op i of the frame.
+func (x *exec) replay(i int, op *codec.Op) error {
+	if x.graph != nil {
+		return failf(codec.CodeAttr, "a replay cannot run inside a replay")
+	}
+	if !codec.ValidGraphName(op.Graph) {
+		return failf(codec.CodeAttr, "replay: graph name %q is not 64 lower-case hex digits", op.Graph)
+	}
+	p, err := x.d.graph(op.Graph)
+	if err != nil {
+		return err
+	}
+	if p.err != nil {
+		return p.err
+	}
+	ids, err := x.bind(p, op)
+	if err != nil {
+		return err
+	}
+	ops := make([]codec.Op, len(p.ops))
+	var backing []uint64
+	for k := range p.ops {
+		n := len(p.ops[k].In) + len(p.ops[k].Out)
+		if n > len(backing) {
+			backing = make([]uint64, max(n, 1024))
+		}
+		o := p.ops[k] // a copy: its attributes, with ids and scalars bound
+		in, out := backing[:len(o.In):len(o.In)], backing[len(o.In):n:n]
+		backing = backing[n:]
+		for j, l := range o.In {
+			in[j] = ids[l]
+		}
+		for j, l := range o.Out {
+			out[j] = ids[l]
+		}
+		o.In, o.Out = in, out
+		for _, b := range p.binds[k] {
+			*graphAttrs[b.Attr](&o) = op.Scalars[b.Scalar]
+		}
+		ops[k] = o
+	}
+	run := &graphRun{name: p.name}
+	x.graph = run
+	defer func() { x.graph = nil }()
+	f, _ := x.d.cfg.Backend.(fuser)
+	var uses map[uint64][]int
+	if f != nil && !x.d.w.cfg.NoFusion {
+		uses = frameUses(ops)
+	}
+	for n := 0; n < len(ops); {
+		if uses != nil {
+			if k := x.fused(f, ops, uses, n); k > 0 {
+				n += k
+				continue
+			}
+		}
+		run.origin = p.origin[n]
+		x.op(i, &ops[n])
+		n++
+	}
+	return nil
+}
+
+// bind checks a replay's bindings against p and returns the session id of
+// every local id of the graph. A replay whose bindings are wrong runs
+// none of the graph's ops.
+func (x *exec) bind(p *graphPlan, op *codec.Op) ([]uint64, error) {
+	switch {
+	case len(op.In) != len(p.inputs):
+		return nil, failf(codec.CodeArity, "replay of graph %s: it takes %d inputs, %d given", p.name[:12], len(p.inputs), len(op.In))
+	case len(op.Out) != len(p.outputs):
+		return nil, failf(codec.CodeArity, "replay of graph %s: it has %d outputs, %d output ids given", p.name[:12], len(p.outputs), len(op.Out))
+	case len(op.Scalars) != p.scalars:
+		return nil, failf(codec.CodeArity, "replay of graph %s: it takes %d scalars, %d given", p.name[:12], p.scalars, len(op.Scalars))
+	case p.internal > 0 && op.Base == 0:
+		return nil, failf(codec.CodeAttr, "replay of graph %s: base 0; the graph needs %d ids reserved from a base of at least 1", p.name[:12], p.internal)
+	case op.Base > math.MaxUint64-uint64(p.internal):
+		return nil, failf(codec.CodeAttr, "replay of graph %s: base %d leaves no room for its %d internal ids", p.name[:12], op.Base, p.internal)
+	}
+	for j, id := range op.In {
+		e, ok := x.s.tensors[id]
+		switch {
+		case !ok:
+			return nil, failf(codec.CodeUnknownID, "replay of graph %s: input %d: tensor %d does not exist in this session (never created, or freed)", p.name[:12], j, id)
+		case e.fail != nil:
+			continue // the ops that read it fail as they would one by one
+		case e.t.DType != p.inputs[j].DType || !sameShape(e.t.Shape, p.inputs[j].Shape):
+			code := codec.CodeShape
+			if e.t.DType != p.inputs[j].DType {
+				code = codec.CodeDType
+			}
+			return nil, failf(code, "replay of graph %s: input %d: tensor %d is %v%v, the graph takes %v%v",
+				p.name[:12], j, id, e.t.DType, e.t.Shape, p.inputs[j].DType, p.inputs[j].Shape)
+		}
+	}
+	for j, id := range op.Out {
+		if want := op.Base + p.outputs[j]; id != want {
+			return nil, failf(codec.CodeAttr, "replay of graph %s: output %d has id %d; from base %d it is %d", p.name[:12], j, id, op.Base, want)
+		}
+	}
+	nIn := len(p.inputs)
+	ids := make([]uint64, 1+nIn+p.internal)
+	copy(ids[1:], op.In)
+	for k := range p.internal {
+		ids[1+nIn+k] = op.Base + uint64(k)
+	}
+	return ids, nil
+}
+
+func sameShape(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// graph returns the plan of the graph named name: from the device's
+// cache, or loaded from the graph bucket, validated and compiled once.
+func (d *device) graph(name string) (*graphPlan, error) {
+	c := d.graphs
+	if c == nil {
+		c = &graphCache{plans: map[string]*graphPlan{}, lastUse: map[string]uint64{}}
+		d.graphs = c
+	}
+	c.clock++
+	if p, ok := c.plans[name]; ok {
+		c.lastUse[name] = c.clock
+		return p, nil
+	}
+	data, err := c.load(d, name)
+	if err != nil {
+		return nil, err
+	}
+	p := compileGraph(name, data, d.w.cfg.Limits.Tensor)
+	if len(c.plans) >= maxCachedGraphs {
+		var oldest string
+		for n, t := range c.lastUse {
+			if oldest == "" || t < c.lastUse[oldest] {
+				oldest = n
+			}
+		}
+		delete(c.plans, oldest)
+		delete(c.lastUse, oldest)
+	}
+	c.plans[name], c.lastUse[name] = p, c.clock
+	return p, nil
+}
+
+// load fetches a definition from the graph bucket and checks that it is
+// the one its name says.
+func (c *graphCache) load(d *device, name string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), graphLoadTimeout)
+	defer cancel()
+	if c.kv == nil {
+		kv, err := d.w.js.KeyValue(ctx, d.w.names.GraphBucket())
+		if errors.Is(err, jetstream.ErrBucketNotFound) {
+			return nil, failf(codec.CodeUnknownGraph, "graph %s is not stored: the fabric has no graph bucket %s", name, d.w.names.GraphBucket())
+		} else if err != nil {
+			return nil, failf(codec.CodeUnavailabe, "graph %s: bucket %s: %v", name, d.w.names.GraphBucket(), err)
+		}
+		c.kv = kv
+	}
+	e, err := c.kv.Get(ctx, name)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, failf(codec.CodeUnknownGraph, "graph %s is not stored (define it before replaying it)", name)
+	} else if err != nil {
+		return nil, failf(codec.CodeUnavailabe, "graph %s: load: %v", name, err)
+	}
+	if got := codec.GraphName(e.Value()); got != name {
+		return nil, failf(codec.CodeInvalidGraph, "graph %s: the stored definition hashes to %s", name, got)
+	}
+	return e.Value(), nil
+}
+
+// compileGraph decodes, validates and compiles a definition. A definition
+// that fails gives a plan holding the failure, so that it is checked once.
+func compileGraph(name string, data []byte, lim kernels.Limits) *graphPlan {
+	p, err := compile(name, data, lim)
+	if err != nil {
+		return &graphPlan{name: name, err: err}
+	}
+	return p
+}
+
+func compile(name string, data []byte, lim kernels.Limits) (*graphPlan, error) {
+	bad := func(format string, args ...any) error {
+		return failf(codec.CodeInvalidGraph, "graph %s: %s", name[:12], fmt.Sprintf(format, args...))
+	}
+	g, err := codec.DecodeGraph(data)
+	if err != nil {
+		return nil, bad("%v", err)
+	}
+	p := &graphPlan{name: name, scalars: g.Scalars, inputs: make([]kernels.Meta, len(g.Inputs))}
+	if g.Scalars < 0 {
+		return nil, bad("%d scalars", g.Scalars)
+	}
+	for j, ph := range g.Inputs {
+		dt, err := kernels.ParseDType(ph.DType)
+		if err != nil {
+			return nil, bad("input %d: %v", j, err)
+		}
+		if err := kernels.CheckShape(ph.Shape, lim); err != nil {
+			return nil, bad("input %d: %v", j, err)
+		}
+		p.inputs[j] = kernels.Meta{DType: dt, Shape: ph.Shape}
+	}
+	binds := make([][]codec.Bind, len(g.Ops))
+	for _, b := range g.Binds {
+		switch {
+		case b.Op < 0 || b.Op >= len(g.Ops):
+			return nil, bad("a bind names op %d of %d", b.Op, len(g.Ops))
+		case graphAttrs[b.Attr] == nil:
+			return nil, bad("op %d: attribute %q cannot take a scalar (value, low, high, mean, std, eps, p can)", b.Op, b.Attr)
+		case b.Scalar < 0 || b.Scalar >= g.Scalars:
+			return nil, bad("op %d: scalar %d of %d", b.Op, b.Scalar, g.Scalars)
+		}
+		binds[b.Op] = append(binds[b.Op], b)
+	}
+	// Walk the ops in order: every id read must be live, every id made
+	// the next one, and Infer must accept every op with its input metas.
+	nIn := uint64(len(g.Inputs))
+	metas := make([]kernels.Meta, 1+len(g.Inputs), 1+len(g.Inputs)+len(g.Ops))
+	copy(metas[1:], p.inputs)
+	freed := make([]bool, len(metas), cap(metas))
+	lastUse := make([]int, len(metas), cap(metas)) // op index of the last read
+	for k := range g.Ops {
+		op := &g.Ops[k]
+		next := uint64(len(metas))
+		for _, id := range op.In {
+			switch {
+			case id == 0 || id >= next:
+				return nil, bad("op %d (%s) reads id %d, which no earlier op made (the graph has ids 1 to %d here)", k, op.Op, id, next-1)
+			case freed[id]:
+				return nil, bad("op %d (%s) reads id %d after a free", k, op.Op, id)
+			}
+			lastUse[id] = k
+		}
+		if op.Op == opFree {
+			if len(op.Out) > 0 {
+				return nil, bad("op %d: free makes no tensors", k)
+			}
+			for _, id := range op.In {
+				freed[id] = true
+			}
+			continue
+		}
+		if !kernels.Known(op.Op) {
+			return nil, bad("op %d: %q is not an op a graph may hold (compute ops and free)", k, op.Op)
+		}
+		in := make([]kernels.Meta, len(op.In))
+		for j, id := range op.In {
+			in[j] = metas[id]
+		}
+		kop, err := kernelOp(op)
+		if err == nil {
+			var out []kernels.Meta
+			if out, err = kernels.Infer(kop, in, lim); err == nil {
+				if len(op.Out) != len(out) {
+					return nil, bad("op %d (%s) produces %d tensors, %d ids given", k, op.Op, len(out), len(op.Out))
+				}
+				for j, id := range op.Out {
+					if id != next+uint64(j) {
+						return nil, bad("op %d (%s) output %d has id %d; the graph's next id is %d", k, op.Op, j, id, next+uint64(j))
+					}
+				}
+				metas = append(metas, out...)
+				for range out {
+					freed = append(freed, false)
+					lastUse = append(lastUse, k)
+				}
+			}
+		}
+		if err != nil {
+			return nil, failf(codeOf(err), "graph %s op %d (%s) does not validate: %v", name[:12], k, op.Op, err)
+		}
+	}
+	p.internal = len(metas) - 1 - int(nIn)
+	isOut := make([]bool, len(metas))
+	for j, id := range g.Outputs {
+		switch {
+		case id <= nIn || id >= uint64(len(metas)):
+			return nil, bad("output %d is id %d, which no op of the graph makes", j, id)
+		case freed[id]:
+			return nil, bad("output %d is id %d, which the graph frees", j, id)
+		case isOut[id]:
+			return nil, bad("output %d is id %d, an output already", j, id)
+		}
+		isOut[id] = true
+		p.outputs = append(p.outputs, id-nIn-1)
+	}
+	// The memory plan: free every internal tensor after its last read.
+	frees := make([][]uint64, len(g.Ops))
+	for id := nIn + 1; id < uint64(len(metas)); id++ {
+		if !freed[id] && !isOut[id] {
+			frees[lastUse[id]] = append(frees[lastUse[id]], id)
+		}
+	}
+	for k := range g.Ops {
+		p.ops = append(p.ops, g.Ops[k])
+		p.origin = append(p.origin, k)
+		p.binds = append(p.binds, binds[k])
+		if len(frees[k]) > 0 {
+			p.ops = append(p.ops, codec.Op{Op: opFree, In: frees[k]})
+			p.origin = append(p.origin, k)
+			p.binds = append(p.binds, nil)
+		}
+	}
+	return p, nil
+}
