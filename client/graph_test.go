@@ -6,9 +6,15 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 
+	"github.com/nats-io/nats.go"
+
+	"github.com/jetfabric/jetfabric/broker/brokertest"
 	"github.com/jetfabric/jetfabric/client"
 	"github.com/jetfabric/jetfabric/codec"
+	"github.com/jetfabric/jetfabric/worker"
+	"github.com/jetfabric/jetfabric/worker/workertest"
 )
 
 // randomStep builds a random program on s over inputs of shape [4, 6]
@@ -128,6 +134,105 @@ func TestReplayEqualsOpByOp(t *testing.T) {
 			if !bytes.Equal(wd.Bytes, gd.Bytes) || !slices.Equal(wd.Shape, gd.Shape) {
 				t.Fatalf("seed %d: output %d differs:\nop by op %v\nreplay   %v", seed, j, read(t, want[j]), read(t, got[j]))
 			}
+		}
+	}
+}
+
+// TestReplayAfterTakeover: a worker dies after running replays; a standby
+// takes the device over and replays its stream, loading the graph from the
+// bucket; the outputs, and a replay after the takeover, have the bits of
+// the same ops sent one by one.
+func TestReplayAfterTakeover(t *testing.T) {
+	b := brokertest.Run(t)
+	fast := func(id string) func(*worker.Config) {
+		return func(c *worker.Config) {
+			c.ID, c.LeaseTTL, c.CheckpointInterval, c.Heartbeat = id, 200*time.Millisecond, 0, 100*time.Millisecond
+		}
+	}
+	// The first worker, on a connection of its own that the test cuts.
+	nc, err := nats.Connect(b.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := worker.DefaultConfig()
+	cfg.Devices, cfg.Logf = workertest.CPUs(1), t.Logf
+	fast("first")(&cfg)
+	first, err := worker.New(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := first.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = first.Stop(context.Background()) })
+	workertest.Run(t, b, workertest.CPUs(1), fast("second")) // the standby
+	c, err := client.Connect(b.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+
+	data := [][]float32{make([]float32, 24), make([]float32, 24)}
+	for i := range data[0] {
+		data[0][i], data[1][i] = float32(i)/10, 1-float32(i)/20
+	}
+	shape := []int{4, 6}
+	scalars := []float64{0.25, 1.5}
+	const progSeed = 11
+	g := c.NewGraph()
+	gin := []*client.Tensor{g.Input("f32", shape), g.Input("f32", shape)}
+	s0, s1 := g.Scalar(0.5), g.Scalar(2)
+	gout := randomStep(g.Session(), rand.New(rand.NewPCG(progSeed, 1)), gin, []float64{0.5, 2}, func(t *client.Tensor, attr string, j int) {
+		_ = g.Bind(t, attr, []client.Scalar{s0, s1}[j])
+	})
+	def, err := g.Define(ctx, gout...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// step runs the program three times, chained, replayed or op by op.
+	step := func(s *client.Session, replay bool, mid func()) [][]byte {
+		s.Seed(5)
+		x := []*client.Tensor{s.FromFloat32(shape, data[0]), s.FromFloat32(shape, data[1])}
+		var bits [][]byte
+		for k := range 3 {
+			var out []*client.Tensor
+			if replay {
+				out = s.Replay(def, x, scalars...)
+			} else {
+				out = randomStep(s, rand.New(rand.NewPCG(progSeed, 1)), x, scalars, nil)
+			}
+			x = out[1:]
+			d, err := out[0].Read(ctx)
+			if err != nil {
+				t.Fatalf("step %d: %v", k, err)
+			}
+			bits = append(bits, d.Bytes)
+			if k == 1 && mid != nil {
+				mid()
+				// Read again what the dead worker computed.
+				d, err := out[0].Read(ctx)
+				if err != nil || !bytes.Equal(d.Bytes, bits[k]) {
+					t.Fatalf("step %d read again after the takeover: %v, bits differ: %v", k, err, !bytes.Equal(d.Bytes, bits[k]))
+				}
+			}
+		}
+		return bits
+	}
+	s, err := c.Open(ctx, "cpu-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := step(s, true, func() { nc.Close() }) // the first worker is cut off
+	clean, err := c.Open(ctx, "cpu-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := step(clean, false, nil)
+	for k := range want {
+		if !bytes.Equal(got[k], want[k]) {
+			t.Errorf("step %d: the replays across a takeover differ from the ops one by one", k)
 		}
 	}
 }
