@@ -59,6 +59,11 @@ type graphPlan struct {
 	ops    []codec.Op
 	origin []int
 	binds  [][]codec.Bind // per op of ops
+	// scratch holds the session ids of one op's inputs and outputs
+	// during a replay: as long as the most any op names.
+	scratch []uint64
+	// ids maps the local ids to session ids during a replay.
+	ids []uint64
 }
 
 // graphAttrs are the attributes a scalar placeholder may set: floats that
@@ -106,6 +111,40 @@ func (x *exec) replay(i int, op *codec.Op) error {
 	if err != nil {
 		return err
 	}
+	run := &graphRun{name: p.name}
+	x.graph = run
+	defer func() { x.graph = nil }()
+	if f, ok := x.d.cfg.Backend.(fuser); ok && !x.d.w.cfg.NoFusion {
+		x.replayFused(f, p, op, ids, i, run)
+		return nil
+	}
+	// One op at a time in a scratch op: nothing a compute op keeps
+	// refers to the op itself, so a replay allocates no ops.
+	var o codec.Op
+	for k := range p.ops {
+		o = p.ops[k]
+		buf := p.scratch[:0]
+		for _, l := range o.In {
+			buf = append(buf, ids[l])
+		}
+		nIn := len(buf)
+		for _, l := range o.Out {
+			buf = append(buf, ids[l])
+		}
+		o.In, o.Out = buf[:nIn:nIn], buf[nIn:]
+		for _, b := range p.binds[k] {
+			*graphAttrs[b.Attr](&o) = op.Scalars[b.Scalar]
+		}
+		run.origin = p.origin[k]
+		x.op(i, &o)
+	}
+	return nil
+}
+
+// replayFused runs a replay on a backend that fuses: every op bound at
+// once, so that the device's fusion sees runs of elementwise ops and the
+// frees of the plan that let it drop their intermediate results.
+func (x *exec) replayFused(f fuser, p *graphPlan, op *codec.Op, ids []uint64, i int, run *graphRun) {
 	ops := make([]codec.Op, len(p.ops))
 	var backing []uint64
 	for k := range p.ops {
@@ -113,7 +152,7 @@ func (x *exec) replay(i int, op *codec.Op) error {
 		if n > len(backing) {
 			backing = make([]uint64, max(n, 1024))
 		}
-		o := p.ops[k] // a copy: its attributes, with ids and scalars bound
+		o := p.ops[k]
 		in, out := backing[:len(o.In):len(o.In)], backing[len(o.In):n:n]
 		backing = backing[n:]
 		for j, l := range o.In {
@@ -128,26 +167,16 @@ func (x *exec) replay(i int, op *codec.Op) error {
 		}
 		ops[k] = o
 	}
-	run := &graphRun{name: p.name}
-	x.graph = run
-	defer func() { x.graph = nil }()
-	f, _ := x.d.cfg.Backend.(fuser)
-	var uses map[uint64][]int
-	if f != nil && !x.d.w.cfg.NoFusion {
-		uses = frameUses(ops)
-	}
+	uses := frameUses(ops)
 	for n := 0; n < len(ops); {
-		if uses != nil {
-			if k := x.fused(f, ops, uses, n); k > 0 {
-				n += k
-				continue
-			}
+		if k := x.fused(f, ops, uses, n); k > 0 {
+			n += k
+			continue
 		}
 		run.origin = p.origin[n]
 		x.op(i, &ops[n])
 		n++
 	}
-	return nil
 }
 
 // bind checks a replay's bindings against p and returns the session id of
@@ -188,7 +217,7 @@ func (x *exec) bind(p *graphPlan, op *codec.Op) ([]uint64, error) {
 		}
 	}
 	nIn := len(p.inputs)
-	ids := make([]uint64, 1+nIn+p.internal)
+	ids := p.ids
 	copy(ids[1:], op.In)
 	for k := range p.internal {
 		ids[1+nIn+k] = op.Base + uint64(k)
@@ -237,6 +266,12 @@ func (d *device) graph(name string) (*graphPlan, error) {
 		delete(c.lastUse, oldest)
 	}
 	c.plans[name], c.lastUse[name] = p, c.clock
+	most := 0
+	for k := range p.ops {
+		most = max(most, len(p.ops[k].In)+len(p.ops[k].Out))
+	}
+	p.scratch = make([]uint64, most)
+	p.ids = make([]uint64, 1+len(p.inputs)+p.internal)
 	return p, nil
 }
 
@@ -399,5 +434,11 @@ func compile(name string, data []byte, lim kernels.Limits) (*graphPlan, error) {
 			p.binds = append(p.binds, nil)
 		}
 	}
+	most := 0
+	for k := range p.ops {
+		most = max(most, len(p.ops[k].In)+len(p.ops[k].Out))
+	}
+	p.scratch = make([]uint64, most)
+	p.ids = make([]uint64, 1+len(p.inputs)+p.internal)
 	return p, nil
 }
