@@ -25,13 +25,19 @@ type Graph struct {
 	inputs  []uint64 // recorded ids of the placeholders, in order
 	metas   []codec.Placeholder
 	scalars []float64
+	names   []string     // of the scalars, "" for none
 	binds   []codec.Bind // Op: the index in the recorded ops
 }
 
 // NewGraph starts recording a graph.
 func (c *Client) NewGraph() *Graph {
-	return &Graph{s: &Session{c: c, record: true, id: "graph", waiters: map[uint64]chan *codec.Result{}}}
+	g := &Graph{s: &Session{c: c, record: true, id: "graph", waiters: map[uint64]chan *codec.Result{}}}
+	g.s.graph = g
+	return g
 }
+
+// Graph is the graph s records, nil for a session that sends its ops.
+func (s *Session) Graph() *Graph { return s.graph }
 
 // Session is the recording session: build the graph's ops on it (Full,
 // Uniform, Apply, ...) and on its tensors. Nothing it records is sent.
@@ -55,8 +61,25 @@ type Scalar int
 // with; each replay gives its own.
 func (g *Graph) Scalar(v float64) Scalar {
 	g.scalars = append(g.scalars, v)
+	g.names = append(g.names, "")
 	return Scalar(len(g.scalars) - 1)
 }
+
+// NamedScalar is the scalar placeholder called name, added with value v
+// the first time a name is asked for: code that builds a graph in parts
+// (a layer, an optimizer) shares a scalar by name.
+func (g *Graph) NamedScalar(name string, v float64) Scalar {
+	if i := slices.Index(g.names, name); i >= 0 && name != "" {
+		return Scalar(i)
+	}
+	sc := g.Scalar(v)
+	g.names[sc] = name
+	return sc
+}
+
+// ScalarNames lists the names of the scalar placeholders in order ("" for
+// one made by Scalar).
+func (g *Graph) ScalarNames() []string { return slices.Clone(g.names) }
 
 // Bind makes attribute attr of the op that made t take scalar sc at each
 // replay. attr is one of value, low, high, mean, std, eps, p (attributes
