@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -54,16 +55,31 @@ type graphPlan struct {
 	internal int
 	// outputs are the offsets from Base of the graph's outputs.
 	outputs []uint64
-	// ops are the graph's ops over local ids, frees inserted; origin is
-	// each one's index in the definition (-1: a free of the plan).
-	ops    []codec.Op
-	origin []int
-	binds  [][]codec.Bind // per op of ops
+	// seq is the graph's ops with a free after the last use of each
+	// internal tensor; fuse places those frees after runs of elementwise
+	// ops and reductions instead, where the device's fusion looks for
+	// them, for backends that fuse.
+	seq, fuse planned
 	// scratch holds the session ids of one op's inputs and outputs
 	// during a replay: as long as the most any op names.
 	scratch []uint64
 	// ids maps the local ids to session ids during a replay.
 	ids []uint64
+}
+
+// planned is a graph's ops over local ids with the plan's frees.
+type planned struct {
+	ops []codec.Op
+	// origin is each op's index in the definition (for a free of the
+	// plan, that of an op before it).
+	origin []int
+	binds  [][]codec.Bind // per op of ops
+}
+
+func (q *planned) add(op codec.Op, origin int, binds []codec.Bind) {
+	q.ops = append(q.ops, op)
+	q.origin = append(q.origin, origin)
+	q.binds = append(q.binds, binds)
 }
 
 // graphAttrs are the attributes a scalar placeholder may set: floats that
@@ -121,8 +137,9 @@ func (x *exec) replay(i int, op *codec.Op) error {
 	// One op at a time in a scratch op: nothing a compute op keeps
 	// refers to the op itself, so a replay allocates no ops.
 	var o codec.Op
-	for k := range p.ops {
-		o = p.ops[k]
+	q := &p.seq
+	for k := range q.ops {
+		o = q.ops[k]
 		buf := p.scratch[:0]
 		for _, l := range o.In {
 			buf = append(buf, ids[l])
@@ -132,10 +149,10 @@ func (x *exec) replay(i int, op *codec.Op) error {
 			buf = append(buf, ids[l])
 		}
 		o.In, o.Out = buf[:nIn:nIn], buf[nIn:]
-		for _, b := range p.binds[k] {
+		for _, b := range q.binds[k] {
 			*graphAttrs[b.Attr](&o) = op.Scalars[b.Scalar]
 		}
-		run.origin = p.origin[k]
+		run.origin = q.origin[k]
 		x.op(i, &o)
 	}
 	return nil
@@ -145,14 +162,15 @@ func (x *exec) replay(i int, op *codec.Op) error {
 // once, so that the device's fusion sees runs of elementwise ops and the
 // frees of the plan that let it drop their intermediate results.
 func (x *exec) replayFused(f fuser, p *graphPlan, op *codec.Op, ids []uint64, i int, run *graphRun) {
-	ops := make([]codec.Op, len(p.ops))
+	q := &p.fuse
+	ops := make([]codec.Op, len(q.ops))
 	var backing []uint64
-	for k := range p.ops {
-		n := len(p.ops[k].In) + len(p.ops[k].Out)
+	for k := range q.ops {
+		n := len(q.ops[k].In) + len(q.ops[k].Out)
 		if n > len(backing) {
 			backing = make([]uint64, max(n, 1024))
 		}
-		o := p.ops[k]
+		o := q.ops[k]
 		in, out := backing[:len(o.In):len(o.In)], backing[len(o.In):n:n]
 		backing = backing[n:]
 		for j, l := range o.In {
@@ -162,7 +180,7 @@ func (x *exec) replayFused(f fuser, p *graphPlan, op *codec.Op, ids []uint64, i 
 			out[j] = ids[l]
 		}
 		o.In, o.Out = in, out
-		for _, b := range p.binds[k] {
+		for _, b := range q.binds[k] {
 			*graphAttrs[b.Attr](&o) = op.Scalars[b.Scalar]
 		}
 		ops[k] = o
@@ -173,7 +191,7 @@ func (x *exec) replayFused(f fuser, p *graphPlan, op *codec.Op, ids []uint64, i 
 			n += k
 			continue
 		}
-		run.origin = p.origin[n]
+		run.origin = q.origin[n]
 		x.op(i, &ops[n])
 		n++
 	}
@@ -266,12 +284,6 @@ func (d *device) graph(name string) (*graphPlan, error) {
 		delete(c.lastUse, oldest)
 	}
 	c.plans[name], c.lastUse[name] = p, c.clock
-	most := 0
-	for k := range p.ops {
-		most = max(most, len(p.ops[k].In)+len(p.ops[k].Out))
-	}
-	p.scratch = make([]uint64, most)
-	p.ids = make([]uint64, 1+len(p.inputs)+p.internal)
 	return p, nil
 }
 
@@ -424,19 +436,25 @@ func compile(name string, data []byte, lim kernels.Limits) (*graphPlan, error) {
 			frees[lastUse[id]] = append(frees[lastUse[id]], id)
 		}
 	}
+	var pending []uint64
 	for k := range g.Ops {
-		p.ops = append(p.ops, g.Ops[k])
-		p.origin = append(p.origin, k)
-		p.binds = append(p.binds, binds[k])
+		p.seq.add(g.Ops[k], k, binds[k])
 		if len(frees[k]) > 0 {
-			p.ops = append(p.ops, codec.Op{Op: opFree, In: frees[k]})
-			p.origin = append(p.origin, k)
-			p.binds = append(p.binds, nil)
+			p.seq.add(codec.Op{Op: opFree, In: frees[k]}, k, nil)
 		}
+		if name := g.Ops[k].Op; len(pending) > 0 && !elementwise(name) && !slices.Contains(kernels.Reductions, name) {
+			p.fuse.add(codec.Op{Op: opFree, In: pending}, max(k-1, 0), nil)
+			pending = nil
+		}
+		p.fuse.add(g.Ops[k], k, binds[k])
+		pending = append(pending, frees[k]...)
+	}
+	if len(pending) > 0 {
+		p.fuse.add(codec.Op{Op: opFree, In: pending}, len(g.Ops)-1, nil)
 	}
 	most := 0
-	for k := range p.ops {
-		most = max(most, len(p.ops[k].In)+len(p.ops[k].Out))
+	for k := range p.seq.ops {
+		most = max(most, len(p.seq.ops[k].In)+len(p.seq.ops[k].Out))
 	}
 	p.scratch = make([]uint64, most)
 	p.ids = make([]uint64, 1+len(p.inputs)+p.internal)

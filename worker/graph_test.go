@@ -11,6 +11,8 @@ import (
 	"github.com/jetfabric/jetfabric/broker"
 	"github.com/jetfabric/jetfabric/broker/brokertest"
 	"github.com/jetfabric/jetfabric/codec"
+	"github.com/jetfabric/jetfabric/kernels/cpu"
+	"github.com/jetfabric/jetfabric/worker"
 )
 
 // storeGraph encodes g, stores it under its name and returns the name.
@@ -211,4 +213,47 @@ func decodeF32(b []byte) ([]float32, error) {
 		v[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
 	}
 	return v, nil
+}
+
+// TestReplayFuses: on a backend that fuses, a replay's elementwise runs
+// reach it as fused groups (the plan's frees let the fusion drop the
+// intermediates), with the bits of the replay on a backend that does not.
+func TestReplayFuses(t *testing.T) {
+	b := brokertest.Run(t)
+	ff := &fakeFuser{Backend: cpu.New()}
+	startWorker(t, b, func(c *worker.Config) {
+		c.Devices = []worker.Device{
+			{Name: "cpu-0", Kind: "cpu", Backend: cpu.New()},
+			{Name: "cpu-1", Kind: "cpu", Backend: ff},
+		}
+	})
+	// x*w + b, then tanh, exp, a sum: only the sum is an output.
+	g := affine()
+	g.Ops = append(g.Ops,
+		codec.Op{Op: "tanh", Out: []uint64{6}, In: []uint64{5}},
+		codec.Op{Op: "exp", Out: []uint64{7}, In: []uint64{6}},
+		codec.Op{Op: "sum", Out: []uint64{8}, In: []uint64{7}})
+	g.Outputs = []uint64{8}
+	name := storeGraph(t, b, g)
+	ops := []codec.Op{
+		{Op: "upload", Out: []uint64{1}, DType: "f32", Shape: []int{2, 3}, Values: []float64{1, 2, 3, 4, 5, 6}},
+		{Op: "upload", Out: []uint64{2}, DType: "f32", Shape: []int{3}, Values: []float64{-1, 0, 1}},
+		{Op: "replay", Graph: name, In: []uint64{1, 2}, Scalars: []float64{0.1}, Base: 3, Out: []uint64{8}},
+		{Op: "read", In: []uint64{8}, Tag: 1},
+	}
+	plain := newRaw(t, b, "fabric.ops.cpu-0.fuse")
+	fused := newRaw(t, b, "fabric.ops.cpu-1.fuse")
+	for _, r := range []*rawSession{plain, fused} {
+		if err := r.send("", frame(t, ops...)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, got := plain.result(), fused.result()
+	if !sameResult(want, got) || len(want.Errors) > 0 {
+		t.Fatalf("op by op %s, fused %s", describe(want), describe(got))
+	}
+	groups := ff.taken()
+	if len(groups) != 1 || len(groups[0].Ops) != 5 {
+		t.Fatalf("fused groups %+v, want one of the 5 ops after full", groups)
+	}
 }
