@@ -22,6 +22,40 @@ import (
 // outputs among them.
 const opReplay = "replay"
 
+// Compiling a graph: a device validates a graph once (ids, arity, shape
+// inference on the placeholders' metas) and keeps a plan of it: the ops
+// over local ids with a free after the last use of each internal tensor
+// (after each run of elementwise ops on a backend that fuses, so that a
+// replay's runs become fused groups that drop their intermediates). A
+// replay binds ids into that plan and runs it through the same paths as
+// ops sent one by one, which is what makes its results, errors and random
+// draws theirs.
+//
+// What a CUDA graph of a replay would need, for a backend to offer one
+// (none does yet): a capability such as
+//
+//	type graphRunner interface {
+//		Instantiate(plan []kernels.FusedGroup, metas []kernels.Meta) (Exec, error)
+//	}
+//
+// taking the whole plan at once: every kernel of the replay (fused groups,
+// single ops, cuBLAS products) recorded on one stream by stream capture
+// and instantiated once per (graph, device). Three things stand in the
+// way today and would move into that instantiation: (1) buffers: a CUDA
+// graph bakes in device pointers, so the plan's internal tensors need
+// addresses fixed per instantiation (one arena sized by the memory plan,
+// its slots reused as tensors die) and the bound inputs and outputs must be
+// copied in and out or patched with cudaGraphExecKernelNodeSetParams on
+// each launch; (2) attributes bound to scalars and the random ops' keys
+// (session seed and output ids, which move with every replay's base) are
+// kernel arguments, patched the same way; (3) validation must run before
+// launch: shape inference already happens once per graph, but a kernel
+// that can fail on data (an index out of range) must report through a
+// device flag read after the launch, since nothing stops a graph midway,
+// and the replay then falls back to the ops one by one to name the op.
+// cuBLAS calls are capturable when their workspace is set explicitly;
+// NVRTC kernels need compiling before the capture starts.
+
 // maxCachedGraphs bounds the validated graphs a device keeps.
 const maxCachedGraphs = 64
 
