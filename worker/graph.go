@@ -56,8 +56,12 @@ const opReplay = "replay"
 // cuBLAS calls are capturable when their workspace is set explicitly;
 // NVRTC kernels need compiling before the capture starts.
 
-// maxCachedGraphs bounds the validated graphs a device keeps.
-const maxCachedGraphs = 64
+// maxCachedGraphs and maxCachedOps bound the validated graphs a device
+// keeps, and their ops in all (a plan of n ops holds about 2n ops).
+const (
+	maxCachedGraphs = 64
+	maxCachedOps    = 1 << 18
+)
 
 // graphLoadTimeout bounds the fetch of a definition from the graph bucket.
 const graphLoadTimeout = 10 * time.Second
@@ -69,6 +73,7 @@ type graphCache struct {
 	kv      jetstream.KeyValue
 	plans   map[string]*graphPlan
 	clock   uint64
+	ops     int // of the plans held
 	lastUse map[string]uint64
 }
 
@@ -100,6 +105,9 @@ type graphPlan struct {
 	// ids maps the local ids to session ids during a replay.
 	ids []uint64
 }
+
+// size is the number of ops p holds.
+func (p *graphPlan) size() int { return len(p.seq.ops) + len(p.fuse.ops) }
 
 // planned is a graph's ops over local ids with the plan's frees.
 type planned struct {
@@ -307,17 +315,19 @@ func (d *device) graph(name string) (*graphPlan, error) {
 		return nil, err
 	}
 	p := compileGraph(name, data, d.w.cfg.Limits.Tensor)
-	if len(c.plans) >= maxCachedGraphs {
+	for len(c.plans) > 0 && (len(c.plans) >= maxCachedGraphs || c.ops+p.size() > maxCachedOps) {
 		var oldest string
 		for n, t := range c.lastUse {
 			if oldest == "" || t < c.lastUse[oldest] {
 				oldest = n
 			}
 		}
+		c.ops -= c.plans[oldest].size()
 		delete(c.plans, oldest)
 		delete(c.lastUse, oldest)
 	}
 	c.plans[name], c.lastUse[name] = p, c.clock
+	c.ops += p.size()
 	return p, nil
 }
 
