@@ -2,6 +2,7 @@ package nn_test
 
 import (
 	"context"
+	"errors"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -209,5 +210,44 @@ func BenchmarkStep(b *testing.B) {
 			}
 			b.ReportMetric((opsDone(b, w)-before)/float64(n), "wire-ops/step")
 		})
+	}
+}
+
+func TestStepRefusesBadArguments(t *testing.T) {
+	c, _ := ltLayerFabric(t)
+	s := ltOpenSession(t, c)
+	model := stepModel(t, s)
+	lossOf := func(b []*nn.Tensor) (*nn.Tensor, error) {
+		logits, err := model.Forward(b[0])
+		if err != nil {
+			return nil, err
+		}
+		return nn.CrossEntropy(logits, b[1], nn.ReduceMean), nil
+	}
+	metas := []kernels.Meta{{DType: kernels.Float32, Shape: []int{6, 8}}, {DType: kernels.Int64, Shape: []int{6}}}
+	if _, err := nn.NewStep(c, model.Params(), nil, lossOf, metas...); !errors.Is(err, nn.ErrInvalidArgument) {
+		t.Errorf("no optimizer: %v", err)
+	}
+	st, err := nn.NewStep(c, model.Params(), &nn.SGD{LR: 0.1}, lossOf, metas...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, y := stepBatch(t, s, 0)
+	ctx := context.Background()
+	for name, batch := range map[string][]*nn.Tensor{
+		"one tensor":  {x},
+		"swapped":     {y, x},
+		"wrong shape": {nn.Reshape(x, 8, 6), y},
+	} {
+		if _, err := st.Run(ctx, batch...); !errors.Is(err, nn.ErrInvalidArgument) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	loss, err := st.Run(ctx, x, y)
+	if err != nil || !st.Captured() {
+		t.Fatalf("a good batch: %v, captured %v", err, st.Captured())
+	}
+	if v, err := loss.Item(ctx); err != nil || !(v > 0) {
+		t.Fatalf("loss %v, %v", v, err)
 	}
 }
