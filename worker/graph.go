@@ -63,6 +63,9 @@ const (
 	maxCachedOps    = 1 << 18
 )
 
+// maxGraphTensors bounds the tensors a graph names, placeholders included.
+const maxGraphTensors = 4 * codec.MaxGraphOps
+
 // graphLoadTimeout bounds the fetch of a definition from the graph bucket.
 const graphLoadTimeout = 10 * time.Second
 
@@ -431,6 +434,9 @@ func compile(name string, data []byte, lim kernels.Limits) (*graphPlan, error) {
 		}
 		if !kernels.Known(op.Op) {
 			return nil, bad("op %d: %q is not an op a graph may hold (compute ops and free)", k, op.Op)
+		}
+		if len(metas)+len(op.Out) > maxGraphTensors {
+			return nil, bad("op %d (%s): over %d tensors in one graph", k, op.Op, maxGraphTensors)
 		}
 		in := make([]kernels.Meta, len(op.In))
 		for j, id := range op.In {

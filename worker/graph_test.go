@@ -138,6 +138,15 @@ func TestReplayRefusesBadInput(t *testing.T) {
 		}), nil), codec.CodeInvalidGraph, "replay", "replay", "", ""},
 		{"arity", replay(graph(func(g *codec.Graph) { g.Ops[1].In = g.Ops[1].In[:1] }), nil), codec.CodeArity, "replay", "op 1 (mul) does not validate", "", ""},
 		{"shape", replay(graph(func(g *codec.Graph) { g.Inputs[1].Shape = []int{4} }), nil), codec.CodeShape, "replay", "op 2 (add) does not validate", "", ""},
+		{"too many tensors", replay(graph(func(g *codec.Graph) {
+			sizes := make([]int, 70000)
+			out := make([]uint64, len(sizes))
+			for i := range sizes {
+				sizes[i], out[i] = 1, uint64(7+i)
+			}
+			g.Ops = append(g.Ops, codec.Op{Op: "full", Out: []uint64{6}, Shape: []int{len(sizes)}},
+				codec.Op{Op: "split", In: []uint64{6}, Sizes: sizes, Out: out})
+		}), nil), codec.CodeInvalidGraph, "replay", "over 65536 tensors", "", ""},
 		{"huge placeholder", replay(graph(func(g *codec.Graph) { g.Inputs[1].Shape = []int{1 << 20, 1 << 20} }), nil), codec.CodeInvalidGraph, "replay", "input 1", "", ""},
 		{"output not made", replay(graph(func(g *codec.Graph) { g.Outputs = []uint64{2} }), nil), codec.CodeInvalidGraph, "replay", "no op of the graph makes", "", ""},
 		{"output twice", replay(graph(func(g *codec.Graph) { g.Outputs = []uint64{5, 5} }), nil), codec.CodeInvalidGraph, "replay", "an output already", "", ""},
