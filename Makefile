@@ -95,6 +95,7 @@ fmt-check:
 ## fuzz: a short run of every fuzz target
 fuzz:
 	$(GO) test -run x -fuzz FuzzDecodeFrame -fuzztime 30s ./codec
+	$(GO) test -run x -fuzz FuzzDecodeGraph -fuzztime 15s ./codec
 	$(GO) test -run x -fuzz FuzzParseOps -fuzztime 15s ./subjects
 	$(GO) test -run x -fuzz FuzzDecode -fuzztime 15s ./safetensors
 

@@ -54,8 +54,10 @@ type Session struct {
 		wake    chan struct{} // closed when done grows while a call waits (see settle)
 		refused []error       // refusals not yet returned by a read or sync
 	}
-	// record: a job being built; ops are kept, never sent (see NewJob).
+	// record: a job or a graph being built; ops are kept, never sent
+	// (see NewJob, NewGraph). graph is the graph, for a graph.
 	record bool
+	graph  *Graph
 	// replies receives every answer on the inbox; see route.
 	replies chan *nats.Msg
 }
