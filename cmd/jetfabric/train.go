@@ -154,6 +154,10 @@ func (f *trainFlags) embedded(ctx context.Context, stderr io.Writer) (*fabric, f
 			return nil, nil, fmt.Errorf("%w: device %q: without -url, train starts cpu-N and gpu-N devices only", errFlag, d)
 		}
 	}
+	if wf := (workerFlags{gpus: gpus}); wf.wantGPUs() && !wf.haveGPUs() {
+		os.RemoveAll(dir)
+		return nil, nil, fmt.Errorf("%w: -devices %s: no NVIDIA GPU found (a static build has no GPU support; build with cgo, or train on cpu-0)", errFlag, strings.Join(f.devices, ","))
+	}
 	bf := brokerFlags{listen: "127.0.0.1:-1", store: dir, name: "jetfabric", maxPayload: 8 << 20, replicas: 1, xferStorage: "memory"}
 	wf := workerFlags{cpus: cpus, idle: 10 * time.Minute, gpus: gpus}
 	fab, err := startFabric(ctx, bf, wf, stderr)

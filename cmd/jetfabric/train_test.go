@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -122,20 +123,35 @@ func TestTrainMLPLearns(t *testing.T) {
 	}
 }
 
+// TestTrainCNNRuns: two steps of the CNN (convolutions, max pool, dropout,
+// log_softmax) through a real worker, and its weights under PyTorch's
+// state_dict names.
+func TestTrainCNNRuns(t *testing.T) {
+	b := brokertest.Run(t)
+	workertest.Run(t, b, workertest.CPUs(1))
+	f := &trainFlags{model: "cnn", devices: []string{"cpu-0"}, epochs: 1, batch: 32, lr: 1e-3, seed: 1,
+		limit: 64, testLimit: 100, hidden: 512, check: 1, save: filepath.Join(t.TempDir(), "cnn.safetensors")}
+	rep := trainOn(t, b.ClientURL(), f, nil)
+	if rep.Steps != 2 || math.IsNaN(rep.FinalLoss) || rep.TestAccuracy < 0 || rep.TestAccuracy > 1 {
+		t.Fatalf("%+v", rep)
+	}
+	data, err := os.ReadFile(f.save)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"0.weight", "2.bias", "7.weight", "10.bias"} {
+		if !strings.Contains(string(data[:min(len(data), 4096)]), `"`+name+`"`) {
+			t.Fatalf("no %s in the saved header", name)
+		}
+	}
+}
+
 // TestTrainIsDeterministic: two runs from one seed, on one device and
 // data-parallel on two, give the same weights bit for bit.
 func TestTrainIsDeterministic(t *testing.T) {
 	b := brokertest.Run(t)
 	workertest.Run(t, b, workertest.CPUs(2))
-	runs := [][]string{{"cpu-0"}, {"cpu-0", "cpu-1"}}
-	if raceEnabled {
-		// Under the race detector, an all_reduce between two devices of
-		// one worker now and then waits out its timeout for a piece the
-		// other rank wrote (a few hundred collectives are enough to see
-		// it); the data-parallel run is checked in the build without it.
-		runs = runs[:1]
-	}
-	for _, devs := range runs {
+	for _, devs := range [][]string{{"cpu-0"}, {"cpu-0", "cpu-1"}} {
 		first := trainOn(t, b.ClientURL(), smallRun(devs...), nil)
 		second := trainOn(t, b.ClientURL(), smallRun(devs...), nil)
 		if first.WeightsSHA256 != second.WeightsSHA256 {
@@ -244,6 +260,7 @@ func TestTrainDataErrors(t *testing.T) {
 		{[]string{"-limit", "60001"}, "-limit 60001: the training set holds 60000 examples"},
 		{[]string{"-test-limit", "10001"}, "-test-limit 10001"},
 		{[]string{"-model", "gru"}, "want mlp or cnn"},
+		{[]string{"-device", "tpu-0", "-limit", "10", "-test-limit", "10"}, "train starts cpu-N and gpu-N devices only"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
