@@ -3,7 +3,7 @@
 //	jetfabric up        embedded broker and CPU workers in one process
 //	jetfabric broker    the broker alone (embedded nats-server with JetStream)
 //	jetfabric worker    a worker serving local devices against a broker
-//	jetfabric demo      a short workload that shows the fabric, checked
+//	jetfabric demo      the fabric in a few seconds: devices, a transfer, a job, a failover
 //	jetfabric devices   the devices registered with a fabric
 //	jetfabric top       a live view of every device (q quits)
 //	jetfabric bench     latency and throughput against raw NATS
@@ -43,9 +43,9 @@ var commands = []command{
 	{"up", "embedded broker and CPU workers in one process", runUp},
 	{"broker", "run the broker (embedded nats-server with JetStream)", runBroker},
 	{"worker", "serve local devices to a fabric", runWorker},
-	{"demo", "run a short checked workload (starts an embedded fabric without --url)", runDemo},
+	{"demo", "show the fabric in a few seconds, every answer checked (its own fabric without --url)", runDemo},
 	{"devices", "list the devices registered with a fabric", runDevices},
-	{"top", "live view of every device: state, sessions, applied, lag, ops/s", runTop},
+	{"top", "live view of every device: state, worker, sessions, lag, ops/s", runTop},
 	{"bench", "measure the fabric against raw NATS", runBench},
 	{"train", "train an MNIST model, data-parallel over devices (starts an embedded fabric without --url)", runTrain},
 	{"healthcheck", "exit 0 if a broker's JetStream is healthy", runHealthcheck},
