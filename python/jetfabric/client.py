@@ -372,7 +372,7 @@ class Tensor:
         """self (a bool tensor) chooses a where true, else b."""
         ta = a if isinstance(a, Tensor) else None
         tb = b if isinstance(b, Tensor) else None
-        like = ta or tb
+        like = ta if ta is not None else tb
         if like is None:
             raise TypeError("where needs at least one tensor among a and b")
         ta, tb = like._lift(a), like._lift(b)
