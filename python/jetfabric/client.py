@@ -696,6 +696,7 @@ class Session:
         self._lock = threading.Lock()
         self._waits: Dict[int, _Wait] = {}
         self._failure: Optional[Exception] = None  # a refused frame: every later wait raises it
+        self._frame = 0  # frames published, numbered from 1 in Fabric-Frame
         self._untagged: List[dict] = []
         self._inflight = 0
         self._cv = threading.Condition(self._lock)
@@ -706,7 +707,6 @@ class Session:
         self.inbox = "%s.%s" % (fabric.inbox_prefix, self.token)
         self._sub = fabric.conn.subscribe(self.inbox, cb=self._on_result)
         self._ack_reply, self._ack_token = fabric.conn.new_reply(self._on_ack)
-        self._headers = {"Fabric-Reply": self.inbox}
 
     def __repr__(self) -> str:
         return "Session(%s on %s)" % (self.token, self.device)
@@ -904,26 +904,54 @@ class Session:
 
     # -- frames and answers ----------------------------------------------------
 
-    def flush(self) -> None:
-        """Publishes the queued ops as one frame (through JetStream; a
-        refusal fails the session's next wait)."""
+    def flush(self, waited: bool = False) -> None:
+        """Publishes the queued ops as one frame. A frame nothing waits on
+        goes through JetStream, its acknowledgement taken asynchronously (a
+        refusal fails the session's next wait); with waited (the frame of a
+        read, sync or close) it is a plain publish, the worker's answer
+        proving it stored, and _call checks the stream when the answer is
+        late (docs/PROTOCOL.md §3)."""
         if self.record:
             return
         if not self._ops:
             return
         ops, self._ops, self._bytes = self._ops, [], 0
         frame = cbor.dumps({"v": PROTOCOL_VERSION, "ops": ops})
+        self._frame += 1
+        headers = {"Fabric-Reply": self.inbox, "Fabric-Frame": str(self._frame)}
+        if waited:
+            self.f.conn.publish(self.subject, frame, headers=headers)
+            return
         with self._cv:
             while self._inflight >= self.f.publish_window and self._failure is None:
                 if not self._cv.wait(self.f.timeout):
                     raise TimeoutError("no JetStream acknowledgement for %d frames of session %s" % (self._inflight, self.token))
             self._inflight += 1
         try:
-            self.f.conn.publish(self.subject, frame, reply=self._ack_reply, headers=self._headers)
+            self.f.conn.publish(self.subject, frame, reply=self._ack_reply, headers=headers)
         except Exception:
             with self._cv:
                 self._inflight -= 1
             raise
+
+    def _stored(self, frame: int) -> bool:
+        """Whether the stream stored frame (or a later one) of this session."""
+        try:
+            r = self.f.conn.js_api("STREAM.MSG.GET." + self.f.ops_stream, {"last_by_subj": self.subject})
+        except JetStreamError as e:
+            if e.code == 404:
+                return False
+            raise
+        import base64
+        from .nats import parse_headers
+        hdrs = r.get("message", {}).get("hdrs")
+        if not hdrs:
+            return False
+        h, _ = parse_headers(base64.b64decode(hdrs))
+        try:
+            return int(h.get("Fabric-Frame", "0")) >= frame
+        except ValueError:
+            return False
 
     def _on_ack(self, m: Optional[Msg]) -> None:
         err: Optional[Exception] = None
@@ -983,10 +1011,25 @@ class Session:
             self._waits[tag] = w
         try:
             self._queue(op)
-            self.flush()
-            deadline = time.monotonic() + (self.f.read_timeout if timeout is None else timeout)
-            while not w.ev.wait(max(0.0, deadline - time.monotonic())):
-                raise TimeoutError("no answer from device %s within %.1fs" % (self.device, self.f.read_timeout if timeout is None else timeout))
+            self.flush(waited=True)
+            frame = self._frame
+            total = self.f.read_timeout if timeout is None else timeout
+            deadline = time.monotonic() + total
+            check, misses = self.f.frame_check, 0
+            while not w.ev.wait(max(0.0, min(deadline, time.monotonic() + check) - time.monotonic())):
+                if time.monotonic() >= deadline:
+                    raise TimeoutError("no answer from device %s within %.1fs" % (self.device, total))
+                if check <= 0 or misses < 0:
+                    continue
+                # No answer yet: did the stream store the frame?
+                if self._stored(frame):
+                    misses, check = -1, total  # it did: the answer will come
+                    continue
+                misses += 1
+                if misses >= 3 and not w.ev.is_set():
+                    raise FabricError("frame %d of session %s was not stored by stream %s (refused: too large, stream "
+                                      "full, or no stream captures %s)" % (frame, self.token, self.f.ops_stream, self.subject))
+                check *= 2
         finally:
             with self._lock:
                 self._waits.pop(tag, None)
@@ -1102,7 +1145,8 @@ class Fabric:
 
     def __init__(self, url: str = "nats://127.0.0.1:4222", prefix: str = "fabric", timeout: float = 10.0,
                  read_timeout: float = 60.0, max_ops: int = 4096, max_frame: int = 1 << 20,
-                 inline_upload: int = 1 << 20, publish_window: int = 256, **conn_opts: Any):
+                 inline_upload: int = 1 << 20, publish_window: int = 256, frame_check: float = 0.2,
+                 **conn_opts: Any):
         self.prefix = prefix
         upper = prefix.upper().replace("-", "_")
         self.ops_stream = upper + "_OPS"
@@ -1116,6 +1160,7 @@ class Fabric:
         self.max_frame = min(max_frame, self.conn.max_payload - 4096)
         self.inline_upload = min(inline_upload, self.max_frame - 1024)
         self.publish_window = publish_window
+        self.frame_check = frame_check
         self.objects = ObjectStore(self.conn, self.xfer_bucket, timeout=max(timeout, 30.0))
         self._sessions: List[Session] = []
         self._default: Optional[Session] = None

@@ -474,6 +474,15 @@ class TestBadInput(FabricTest):
         with self.assertRaises(jetfabric.NoRespondersError):
             fab.conn.js_publish("nostream.ops.cpu-0.x", b"\0")
 
+    def test_frame_not_stored(self):
+        # A read's frame goes out as a plain publish; when its answer is late the
+        # client asks the stream whether it stored the frame, and fails the read if not.
+        with jetfabric.connect(_fabric.url(), prefix="nostream", frame_check=0.05) as other:
+            s = other.session("cpu-0")
+            with self.assertRaises(jetfabric.FabricError) as cm:
+                s.tensor([1.0]).tolist()
+            self.assertIn("not stored", str(cm.exception))
+
 
 class TestSessionsAndJobs(FabricTest):
     def test_devices(self):
