@@ -1274,8 +1274,12 @@ class Fabric:
 
     def _fetch_result(self, td: dict, timeout: Optional[float]) -> bytearray:
         name = td["object"]
-        meta = self.objects.wait(name, timeout=self.read_timeout if timeout is None else timeout)
-        data = self.objects.get(name, meta)
+        wait = self.read_timeout if timeout is None else timeout
+        if td.get("nuid"):
+            data, meta = self.objects.follow(name, td["nuid"], timeout=wait)
+        else:
+            meta = self.objects.wait(name, timeout=wait)
+            data = self.objects.get(name, meta)
         try:
             self.objects.delete(name, meta, wait=False)
         except FabricError:

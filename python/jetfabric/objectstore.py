@@ -12,7 +12,7 @@ import secrets
 import threading
 import time
 from datetime import datetime, timezone
-from typing import Dict, List, Optional, Union
+from typing import Dict, List, Optional, Tuple, Union
 
 from .errors import ConnectionClosedError, ObjectStoreError, TimeoutError
 from .nats import Connection, Msg, parse_ack
@@ -159,6 +159,96 @@ class ObjectStore:
         want = meta.get("digest", "")
         if want and parse_digest(want) != h.digest():
             raise ObjectStoreError("object %r does not match its digest" % meta.get("name"))
+
+    def follow(self, name: str, nuid: str, timeout: Optional[float] = None) -> Tuple[bytearray, dict]:
+        """Reads object name while its writer writes it on chunk subject nuid
+        (docs/PROTOCOL.md §5): the chunks are taken live from a plain
+        subscription, each placed by the index its writer puts last in its
+        reply subject; those published before the subscription are read from
+        the stream; the meta, written last, ends the read and is checked.
+        Anything out of order is read again from the stream."""
+        live: Dict[int, bytes] = {}
+        lock = threading.Lock()
+        odd = [False]
+
+        def on_chunk(m: Optional[Msg]) -> None:
+            if m is None:
+                return
+            idx = m.reply.rsplit(".", 1)[-1]
+            with lock:
+                if not idx.isdigit() or int(idx) in live:
+                    odd[0] = True
+                    return
+                live[int(idx)] = m.data
+
+        sub = self.conn.subscribe(self.chunk_subject(nuid), cb=on_chunk)
+        try:
+            meta = self.wait(name, timeout)
+        finally:
+            self.conn.unsubscribe(sub)
+        size, chunks = int(meta.get("size", 0)), int(meta.get("chunks", 0))
+        with lock:
+            have = dict(live)
+        if meta.get("nuid") != nuid or odd[0] or not have:
+            return self.get(name, meta), meta
+        first = min(have)
+        if sorted(have) != list(range(first, chunks)):
+            return self.get(name, meta), meta
+        out = bytearray(size)
+        view = memoryview(out)
+        h = hashlib.sha256()
+        off, seq = 0, 0
+        if first > 0:  # the chunks stored before the subscription, from the stream
+            got = 0
+            for m in self._batch(self.chunk_subject(nuid), 0, first):
+                pending = int(m.headers.get("Nats-Num-Pending", "-1"))
+                if pending != chunks - 1 - got:
+                    return self.get(name, meta), meta
+                d = m.data
+                view[off : off + len(d)] = d
+                h.update(d)
+                off += len(d)
+                got += 1
+            if got != first:
+                return self.get(name, meta), meta
+        for i in range(first, chunks):
+            d = have[i]
+            if off + len(d) > size:
+                return self.get(name, meta), meta
+            view[off : off + len(d)] = d
+            h.update(d)
+            off += len(d)
+        want = meta.get("digest", "")
+        if off != size or (want and parse_digest(want) != h.digest()):
+            return self.get(name, meta), meta
+        return out, meta
+
+    def _batch(self, subj: str, seq: int, n: int) -> List[Msg]:
+        """Up to n messages of subj from stream sequence seq, by one batched direct get."""
+        q: List[Optional[Msg]] = []
+        done = threading.Event()
+
+        def on(m: Optional[Msg]) -> None:
+            q.append(m)
+            if m is None or (m.status and not m.data):
+                done.set()
+
+        reply, token = self.conn.new_reply(on)
+        try:
+            self.conn.publish("$JS.API.DIRECT.GET." + self.stream,
+                              json.dumps({"seq": seq, "next_by_subj": subj, "batch": n}).encode(), reply=reply)
+            if not done.wait(self.timeout):
+                raise TimeoutError("direct get of %s timed out" % subj)
+        finally:
+            self.conn.drop_reply(token)
+        out = []
+        for m in q:
+            if m is None:
+                raise ConnectionClosedError("connection lost while reading %s" % subj)
+            if m.status:
+                break
+            out.append(m)
+        return out
 
     # -- writing -------------------------------------------------------------
 
