@@ -9,7 +9,7 @@ content is returned). Maps decode to dicts, byte strings to bytes.
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import Any, Dict, Tuple, Union
 
 __all__ = ["dumps", "loads", "CBORError"]
 
@@ -37,30 +37,49 @@ def _head(major: int, n: int, out: bytearray) -> None:
         raise CBORError("integer %d does not fit in 64 bits" % n)
 
 
+_str_cache: Dict[str, bytes] = {}
+
+
 def _enc(v: Any, out: bytearray) -> None:
     t = type(v)
     if t is str:
-        b = v.encode("utf-8")
-        _head(3, len(b), out)
-        out += b
+        e = _str_cache.get(v)
+        if e is None:
+            b = v.encode("utf-8")
+            h = bytearray()
+            _head(3, len(b), h)
+            e = bytes(h) + b
+            if len(_str_cache) < 4096 and len(e) <= 32:
+                _str_cache[v] = e
+        out += e
     elif t is int:
-        if v >= 0:
+        if 0 <= v < 24:
+            out.append(v)
+        elif v >= 0:
             _head(0, v, out)
         else:
             _head(1, -1 - v, out)
+    elif t is list or t is tuple:
+        n = len(v)
+        if n < 24:
+            out.append(0x80 | n)
+        else:
+            _head(4, n, out)
+        for x in v:
+            _enc(x, out)
+    elif t is dict:
+        n = len(v)
+        if n < 24:
+            out.append(0xA0 | n)
+        else:
+            _head(5, n, out)
+        for k, x in v.items():
+            _enc(k, out)
+            _enc(x, out)
     elif t is float:
         out += _pack_d(0xFB, v)
     elif t is bool:
         out.append(0xF5 if v else 0xF4)
-    elif t is list or t is tuple:
-        _head(4, len(v), out)
-        for x in v:
-            _enc(x, out)
-    elif t is dict:
-        _head(5, len(v), out)
-        for k, x in v.items():
-            _enc(k, out)
-            _enc(x, out)
     elif t is bytes or t is bytearray or t is memoryview:
         n = v.nbytes if t is memoryview else len(v)
         _head(2, n, out)
@@ -86,100 +105,106 @@ def dumps(v: Any) -> bytes:
     return bytes(out)
 
 
-def _half(h: int) -> float:
-    return struct.unpack("<e", struct.pack("<H", h))[0]
+_unpack_e = struct.Struct(">e").unpack_from
+_unpack_f = struct.Struct(">f").unpack_from
+_unpack_d = struct.Struct(">d").unpack_from
+_unpack_H = struct.Struct(">H").unpack_from
+_unpack_I = struct.Struct(">I").unpack_from
+_unpack_Q = struct.Struct(">Q").unpack_from
 
 
-class _Decoder:
-    __slots__ = ("b", "i", "depth")
-
-    def __init__(self, b: bytes):
-        self.b = b
-        self.i = 0
-        self.depth = 0
-
-    def _arg(self, info: int) -> int:
-        b, i = self.b, self.i
+def _arg(b: bytes, i: int, info: int) -> Tuple[int, int]:
+    """The argument of a head whose additional info is info, read at i."""
+    try:
         if info < 24:
-            return info
+            return info, i
         if info == 24:
-            if i + 1 > len(b):
-                raise CBORError("truncated")
-            self.i = i + 1
-            return b[i]
-        size = {25: 2, 26: 4, 27: 8}.get(info)
-        if size is None:
-            raise CBORError("indefinite or reserved length (additional info %d)" % info)
-        if i + size > len(b):
-            raise CBORError("truncated")
-        self.i = i + size
-        return int.from_bytes(b[i : i + size], "big")
-
-    def value(self) -> Any:
-        b = self.b
-        if self.i >= len(b):
-            raise CBORError("truncated")
-        ib = b[self.i]
-        self.i += 1
-        major, info = ib >> 5, ib & 31
-        if major == 0:
-            return self._arg(info)
-        if major == 1:
-            return -1 - self._arg(info)
-        if major == 2 or major == 3:
-            n = self._arg(info)
-            s = self.i
-            if s + n > len(b):
-                raise CBORError("truncated string")
-            self.i = s + n
-            if major == 2:
-                return bytes(b[s : s + n])
-            return bytes(b[s : s + n]).decode("utf-8")
-        if major == 4 or major == 5:
-            n = self._arg(info)
-            self.depth += 1
-            if self.depth > 64:
-                raise CBORError("nested too deep")
-            if major == 4:
-                v: Any = [self.value() for _ in range(n)]
-            else:
-                v = {}
-                for _ in range(n):
-                    k = self.value()
-                    v[k] = self.value()
-            self.depth -= 1
-            return v
-        if major == 6:
-            self._arg(info)
-            return self.value()
-        # major 7
-        if info == 20:
-            return False
-        if info == 21:
-            return True
-        if info == 22 or info == 23:
-            return None
-        i = self.i
+            return b[i], i + 1
         if info == 25:
-            self.i = i + 2
-            return _half(int.from_bytes(b[i : i + 2], "big"))
+            return _unpack_H(b, i)[0], i + 2
         if info == 26:
-            self.i = i + 4
-            return struct.unpack(">f", b[i : i + 4])[0]
+            return _unpack_I(b, i)[0], i + 4
         if info == 27:
-            self.i = i + 8
-            return struct.unpack(">d", b[i : i + 8])[0]
-        if info < 20:
-            return info
-        if info == 24:
-            return self._arg(24)
-        raise CBORError("unsupported simple value %d" % info)
+            return _unpack_Q(b, i)[0], i + 8
+    except (IndexError, struct.error):
+        raise CBORError("truncated") from None
+    raise CBORError("indefinite or reserved length (additional info %d)" % info)
 
 
-def loads(b: bytes) -> Any:
+def _dec(b: bytes, i: int, depth: int) -> Tuple[Any, int]:
+    try:
+        ib = b[i]
+    except IndexError:
+        raise CBORError("truncated") from None
+    i += 1
+    major, info = ib >> 5, ib & 31
+    if major == 3 or major == 2:
+        n, i = _arg(b, i, info) if info >= 24 else (info, i)
+        j = i + n
+        if j > len(b):
+            raise CBORError("truncated string")
+        if major == 3:
+            try:
+                return b[i:j].decode("utf-8"), j
+            except UnicodeDecodeError:
+                raise CBORError("invalid UTF-8 in a text string") from None
+        return b[i:j], j
+    if major == 0:
+        return _arg(b, i, info) if info >= 24 else (info, i)
+    if major == 5 or major == 4:
+        n, i = _arg(b, i, info) if info >= 24 else (info, i)
+        if depth > 64:
+            raise CBORError("nested too deep")
+        if n > len(b) - i:
+            raise CBORError("truncated")
+        if major == 5:
+            m = {}
+            for _ in range(n):
+                k, i = _dec(b, i, depth + 1)
+                try:
+                    m[k], i = _dec(b, i, depth + 1)
+                except TypeError:
+                    raise CBORError("a map key of type %s" % type(k).__name__) from None
+            return m, i
+        a = []
+        for _ in range(n):
+            v, i = _dec(b, i, depth + 1)
+            a.append(v)
+        return a, i
+    if major == 1:
+        n, i = _arg(b, i, info) if info >= 24 else (info, i)
+        return -1 - n, i
+    if major == 6:
+        _, i = _arg(b, i, info) if info >= 24 else (info, i)
+        return _dec(b, i, depth + 1)
+    # major 7
+    try:
+        if info == 27:
+            return _unpack_d(b, i)[0], i + 8
+        if info == 26:
+            return _unpack_f(b, i)[0], i + 4
+        if info == 25:
+            return _unpack_e(b, i)[0], i + 2
+    except struct.error:
+        raise CBORError("truncated") from None
+    if info == 20:
+        return False, i
+    if info == 21:
+        return True, i
+    if info == 22 or info == 23:
+        return None, i
+    if info < 20:
+        return info, i
+    if info == 24:
+        return _arg(b, i, 24)
+    raise CBORError("unsupported simple value %d" % info)
+
+
+def loads(b: Union[bytes, bytearray, memoryview]) -> Any:
     """Decodes one CBOR value that fills b."""
-    d = _Decoder(b)
-    v = d.value()
-    if d.i != len(b):
-        raise CBORError("%d trailing bytes after the CBOR value" % (len(b) - d.i))
+    if not isinstance(b, bytes):
+        b = bytes(b)
+    v, i = _dec(b, 0, 0)
+    if i != len(b):
+        raise CBORError("%d trailing bytes after the CBOR value" % (len(b) - i))
     return v
