@@ -271,6 +271,9 @@ class TestSemantics(FabricTest):
         self.assertEqual(self.s.tensor([1e30, -1e30, -2.9]).cast("i32").tolist(), [2**31 - 1, -2**31, -2])
         self.assertEqual(self.s.tensor([0.0, float("nan"), -0.5]).cast("bool").tolist(), [False, True, True])
         self.assertEqual(self.s.tensor([True, False]).cast("f32").tolist(), [1.0, 0.0])
+        # full's and pad's value saturate like a cast from f64.
+        self.assertEqual(self.s.full((2,), 300, dtype="u8").tolist(), [255, 255])
+        self.assertEqual(self.s.tensor([1], dtype="u8").pad([1, 0], value=-5).tolist(), [0, 1])
 
     def test_json_values_saturate(self):
         # `values` (here in a JSON frame, as the nats CLI sends it) saturate, unlike integer casts.
