@@ -1251,26 +1251,34 @@ class Fabric:
     # -- uploads and large results -------------------------------------------
 
     def _upload_object(self, s: Session, op: Dict[str, Any], mv: memoryview) -> None:
-        sha = hashlib.sha256(mv).digest()
-        name = "upload-" + sha.hex()
-        op["object"] = name
-        meta = None
-        try:
-            meta = self.objects.info(name)
-        except FabricError:
-            meta = None
-        if meta is not None and not meta.get("deleted") and meta.get("size") == mv.nbytes:
-            s._queue(op)
-            return
-        if s.record:
-            self.objects.put(name, mv, sha256=sha)
-            s._queue(op)
-            return
+        """Uploads through the object store (docs §7): the chunks go out at
+        once on a chunk subject of our own while another thread hashes; when
+        the digest is known, the object is named upload-<sha256 hex> and the
+        op is sent naming it and the chunk subject, so the worker copies the
+        chunks as they are stored; if that object exists, the write stops
+        and the op names it alone."""
         nuid = secrets.token_hex(16)
-        op["nuid"] = nuid
-        s._queue(op)
-        s.flush()  # the worker copies the chunks as they are stored
-        self.objects.put(name, mv, nuid=nuid, sha256=sha)
+
+        def named(sha: bytes) -> Optional[str]:
+            name = "upload-" + sha.hex()
+            op["object"] = name
+            try:
+                meta = self.objects.info(name)
+            except FabricError:
+                meta = None
+            if meta is not None and not meta.get("deleted") and meta.get("size") == mv.nbytes:
+                s._queue(op)  # stored before: the same bytes are not written twice
+                if not s.record:
+                    s.flush()
+                return None
+            if not s.record:
+                op["nuid"] = nuid
+            s._queue(op)
+            if not s.record:
+                s.flush()  # the worker copies the chunks as they are stored
+            return name
+
+        self.objects.put(named, mv, nuid=nuid)
 
     def _fetch_result(self, td: dict, timeout: Optional[float]) -> bytearray:
         name = td["object"]

@@ -12,7 +12,7 @@ import secrets
 import threading
 import time
 from datetime import datetime, timezone
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 from .errors import ConnectionClosedError, ObjectStoreError, TimeoutError
 from .nats import Connection, Msg, parse_ack
@@ -252,26 +252,39 @@ class ObjectStore:
 
     # -- writing -------------------------------------------------------------
 
-    def put(self, name: str, data: Union[bytes, bytearray, memoryview], nuid: str = "",
-            sha256: Optional[bytes] = None, headers: Optional[Dict[str, List[str]]] = None,
-            chunk_size: int = CHUNK_SIZE, window: int = WINDOW) -> dict:
-        """Writes data as object name on chunk subject nuid (new when empty),
+    def put(self, name: Union[str, Callable[[bytes], Optional[str]]], data: Union[bytes, bytearray, memoryview],
+            nuid: str = "", sha256: Optional[bytes] = None, headers: Optional[Dict[str, List[str]]] = None,
+            chunk_size: int = CHUNK_SIZE, window: int = WINDOW) -> Optional[dict]:
+        """Writes data as an object on chunk subject nuid (new when empty),
         up to window chunks unacknowledged, then the meta; returns the meta.
-        A failed write purges its chunks."""
+        A failed write purges its chunks.
+
+        name may be a function of the data's SHA-256 instead: the chunks are
+        then written at once while another thread hashes, and name(digest)
+        is called (on this thread) as soon as the digest is known, to name
+        the object; when it returns None the write stops, its chunks are
+        purged, and put returns None (an object of that content exists)."""
         nuid = nuid or secrets.token_hex(16)
         subj = self.chunk_subject(nuid)
         mv = memoryview(data).cast("B")
         size = mv.nbytes
         chunk_size = max(1, min(chunk_size, self.conn.max_payload - 1024))
         chunks = (size + chunk_size - 1) // chunk_size
-        h = hashlib.sha256() if sha256 is None else None
+        digest: List[bytes] = [sha256] if sha256 is not None else []
+        hasher: Optional[threading.Thread] = None
+        if not digest:
+            # hashlib lets go of the GIL while it hashes a large buffer.
+            hasher = threading.Thread(target=lambda: digest.append(hashlib.sha256(mv).digest()),
+                                      name="jetfabric-sha256", daemon=True)
+            hasher.start()
+        final: Optional[str] = name if isinstance(name, str) else None
         cv = threading.Condition()
         state = {"acked": 0, "err": None}
 
         def acked(m: Optional[Msg]) -> None:
             with cv:
                 if m is None:
-                    state["err"] = ConnectionClosedError("connection lost while writing %s" % name)
+                    state["err"] = ConnectionClosedError("connection lost while writing %s" % (final or nuid))
                 else:
                     try:
                         parse_ack(m, subj)
@@ -281,28 +294,36 @@ class ObjectStore:
                 state["acked"] += 1
                 cv.notify()
 
+        def wait_acks(upto: int) -> None:
+            with cv:
+                while state["acked"] < upto and state["err"] is None:
+                    if not cv.wait(self.timeout):
+                        raise TimeoutError("writing %s: no acknowledgement within %.1fs" % (final or nuid, self.timeout))
+                if state["err"] is not None:
+                    raise state["err"]  # type: ignore[misc]
+
         reply, token = self.conn.new_reply(acked)
         try:
             for i in range(chunks):
-                with cv:
-                    while i - state["acked"] >= window and state["err"] is None:
-                        if not cv.wait(self.timeout):
-                            raise TimeoutError("writing %s: no acknowledgement within %.1fs" % (name, self.timeout))
-                    if state["err"] is not None:
-                        raise state["err"]  # type: ignore[misc]
-                piece = mv[i * chunk_size : (i + 1) * chunk_size]
-                if h is not None:
-                    h.update(piece)
-                self.conn.publish(subj, piece, reply="%s.%d" % (reply, i))
-            with cv:
-                while state["acked"] < chunks and state["err"] is None:
-                    if not cv.wait(self.timeout):
-                        raise TimeoutError("writing %s: no acknowledgement within %.1fs" % (name, self.timeout))
-                if state["err"] is not None:
-                    raise state["err"]  # type: ignore[misc]
-            meta: dict = {"name": name, "bucket": self.bucket, "nuid": nuid, "size": size, "mtime": _now(),
-                          "chunks": chunks, "digest": digest_string(sha256 if sha256 is not None else h.digest()),  # type: ignore[union-attr]
-                          "options": {"max_chunk_size": chunk_size}}
+                if i >= window:
+                    wait_acks(i - window + 1)
+                if final is None and digest:
+                    final = name(digest[0])  # type: ignore[operator]
+                    if final is None:
+                        wait_acks(i)
+                        self.purge(nuid)
+                        return None
+                self.conn.publish(subj, mv[i * chunk_size : (i + 1) * chunk_size], reply="%s.%d" % (reply, i))
+            wait_acks(chunks)
+            if hasher is not None:
+                hasher.join()
+            if final is None:
+                final = name(digest[0])  # type: ignore[operator]
+                if final is None:
+                    self.purge(nuid)
+                    return None
+            meta: dict = {"name": final, "bucket": self.bucket, "nuid": nuid, "size": size, "mtime": _now(),
+                          "chunks": chunks, "digest": digest_string(digest[0]), "options": {"max_chunk_size": chunk_size}}
             if headers:
                 meta["headers"] = headers
             self._publish_meta(meta)
@@ -312,6 +333,8 @@ class ObjectStore:
             raise
         finally:
             self.conn.drop_reply(token)
+            if hasher is not None:
+                hasher.join()
 
     def _publish_meta(self, meta: dict) -> None:
         m = self.conn.request(self.meta_subject(meta["name"]), json.dumps(meta).encode(), headers={"Nats-Rollup": "sub"})

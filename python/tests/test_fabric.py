@@ -510,6 +510,10 @@ class TestSessionsAndJobs(FabricTest):
             self.assertEqual(g1.tolist(), [1.0, 2.0])
             b0, b1 = jetfabric.broadcast([self.s.tensor([5.0, 6.0]), s1.zeros((2,))], root=0)
             self.assertEqual(b1.tolist(), [5.0, 6.0])
+            r0, r1 = jetfabric.reduce_scatter([self.s.tensor([1.0, 2.0, 3.0, 4.0]), s1.tensor([10.0, 20.0, 30.0, 40.0])], "max")
+            self.assertEqual((r0.tolist(), r1.tolist()), ([10.0, 20.0], [30.0, 40.0]))
+            m0, _ = jetfabric.all_reduce([self.s.tensor([1.0, 2.0]), s1.tensor([3.0, 6.0])], "mean", algo="naive")
+            self.assertEqual(m0.tolist(), [2.0, 4.0])
 
     def test_job(self):
         job = fab.job()
