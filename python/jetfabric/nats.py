@@ -239,12 +239,14 @@ class Connection:
                         start = i + 2
                         have = len(buf) - start
                         if have >= total + 2:
-                            payload = bytes(buf[start : start + total])
+                            with memoryview(buf) as m:
+                                payload = bytes(m[start : start + total])
                             pos = start + total + 2
                         else:
                             # Read the rest of a large payload straight into its buffer.
                             big = bytearray(total + 2)
-                            big[:have] = buf[start:]
+                            with memoryview(buf) as m:
+                                big[:have] = m[start:]
                             mv = memoryview(big)
                             got = have
                             while got < total + 2:
