@@ -584,15 +584,16 @@ class Tensor:
         to worker through the object store; the client never sees the data."""
         tid = secrets.token_hex(16)
         self.expose(tid)
-        self.s.flush()
         return dst.import_(tid, self.dtype, self.shape, timeout)
 
     def expose(self, transfer: str, reads: int = 1) -> None:
-        """Offers the tensor under transfer id transfer for reads imports."""
+        """Offers the tensor under transfer id transfer (32 hex digits, never
+        reused) for reads imports; the frame goes out at once, since others wait on it."""
         op: Dict[str, Any] = {"op": "expose", "in": [self.id], "transfer": transfer}
         if reads != 1:
             op["reads"] = reads
         self.s._queue(op)
+        self.s.flush()
 
 
 def _index(t: Tensor, key: Any) -> Tensor:
