@@ -4,6 +4,7 @@ package docs_test
 
 import (
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -12,11 +13,38 @@ import (
 	"github.com/jetfabric/jetfabric/kernels"
 )
 
-// workerOps are the ops the worker handles itself, beside the kernels'
-// op set: the session ops, transfers and collectives.
-var workerOps = []string{
-	"upload", "read", "sync", "free", "seed", "close", "checkpoint",
-	"expose", "import", "all_reduce", "all_gather", "reduce_scatter", "broadcast",
+// workerOpConst finds the ops the worker handles itself (session ops,
+// transfers, collectives, replays): its constants op<Name> = "<name>".
+var workerOpConst = regexp.MustCompile(`(?m)^\s*(?:const\s+)?op[A-Z][A-Za-z0-9]*\s*=\s*"([a-z0-9_]+)"`)
+
+// workerOps reads the worker's op constants from its sources.
+func workerOps(t *testing.T) []string {
+	t.Helper()
+	files, err := filepath.Glob("../worker/*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ops []string
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range workerOpConst.FindAllStringSubmatch(string(b), -1) {
+			ops = append(ops, m[1])
+		}
+	}
+	// The session ops every worker has had since the first version: if the
+	// constants are renamed, the test must still see them.
+	for _, op := range []string{"upload", "read", "sync", "free", "seed", "close", "expose", "import"} {
+		if !slices.Contains(ops, op) {
+			t.Fatalf("no constant op... = %q in worker/*.go: the test's pattern is out of date", op)
+		}
+	}
+	return ops
 }
 
 var backticked = regexp.MustCompile("`([a-z0-9_]+)`")
@@ -57,16 +85,17 @@ func TestEveryOpDocumented(t *testing.T) {
 		t.Fatal(err)
 	}
 	documented := tableOps(t, string(b))
+	worker := workerOps(t)
 	if len(documented) == 0 {
 		t.Fatal("PROTOCOL.md has no op tables (tables whose first column is headed op)")
 	}
-	for _, name := range slices.Concat(kernels.OpNames(), workerOps) {
+	for _, name := range slices.Concat(kernels.OpNames(), worker) {
 		if !documented[name] {
 			t.Errorf("op %q runs on the worker but is in no op table of PROTOCOL.md", name)
 		}
 	}
 	for name := range documented {
-		if !kernels.Known(name) && !slices.Contains(workerOps, name) {
+		if !kernels.Known(name) && !slices.Contains(worker, name) {
 			t.Errorf("PROTOCOL.md's op tables name %q, which no worker runs", name)
 		}
 	}
