@@ -9,7 +9,7 @@ IMAGE    ?= jetfabric:latest
 COMPOSE  ?= $(shell docker compose version >/dev/null 2>&1 && echo docker compose || echo docker-compose)
 SCALE    ?= 1
 
-.PHONY: all build build-gpu demo up down up-embedded test test-race test-nocgo test-python test-gpu vet fmt-check fuzz bench lint tidy clean tools \
+.PHONY: all build build-gpu demo up down up-embedded test test-race test-nocgo test-gpu vet fmt-check fuzz bench lint tidy clean tools \
 	images compose-up compose-down test-e2e bench-scale
 
 all: build
@@ -65,6 +65,7 @@ tools:
 ## run inside go test against a real broker and worker; test-python says when python3 is missing)
 test: vet fmt-check test-race test-nocgo test-python
 
+.PHONY: test-python
 test-python:
 	@command -v python3 >/dev/null 2>&1 || echo "python3 not found: the tests of the Python package (python/) were skipped"
 
