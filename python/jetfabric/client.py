@@ -547,6 +547,74 @@ class Tensor:
     def triu(self, k: int = 0) -> "Tensor":
         return self.s.op("triu", [self], dtype=self.dtype, shape=self.shape, attrs={"k": k} if k else {})
 
+    # networks (NCHW; docs/PROTOCOL.md: convolution, pooling and loss ops)
+    def conv2d(self, weight: "Tensor", bias: Optional["Tensor"] = None, stride: Sequence[int] = (1, 1),
+               padding: Sequence[int] = (0, 0), dilation: Sequence[int] = (1, 1), groups: int = 1) -> "Tensor":
+        """2-D convolution of x [N, C, H, W] with weight [O, C/groups, KH, KW] (and bias [O])."""
+        ins = [self, weight] + ([bias] if bias is not None else [])
+        shape: Optional[Shape] = None
+        if self.shape is not None and weight.shape is not None and len(self.shape) == 4 and len(weight.shape) == 4:
+            n, _, h, w = self.shape
+            o, _, kh, kw = weight.shape
+            oh = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+            ow = (w + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+            shape = (n, o, oh, ow)
+        return self.s.op("conv2d", ins, dtype=self.dtype, shape=shape,
+                         attrs=_window_attrs(stride, padding, dilation, groups, None, (1, 1)))
+
+    def max_pool2d(self, kernel: Sequence[int], stride: Optional[Sequence[int]] = None,
+                   padding: Sequence[int] = (0, 0), dilation: Sequence[int] = (1, 1)) -> "Tensor":
+        """Max pooling over kernel [kh, kw] windows (stride defaults to kernel)."""
+        return self._pool("max_pool2d", kernel, stride, padding, dilation)
+
+    def avg_pool2d(self, kernel: Sequence[int], stride: Optional[Sequence[int]] = None,
+                   padding: Sequence[int] = (0, 0)) -> "Tensor":
+        """Average pooling; the divisor is kh*kw, padding counted as zeros."""
+        return self._pool("avg_pool2d", kernel, stride, padding, (1, 1))
+
+    def _pool(self, name: str, kernel: Sequence[int], stride: Optional[Sequence[int]], padding: Sequence[int],
+              dilation: Sequence[int]) -> "Tensor":
+        st = tuple(stride) if stride is not None else tuple(kernel)
+        shape: Optional[Shape] = None
+        if self.shape is not None and len(self.shape) == 4:
+            n, c, h, w = self.shape
+            oh = (h + 2 * padding[0] - dilation[0] * (kernel[0] - 1) - 1) // st[0] + 1
+            ow = (w + 2 * padding[1] - dilation[1] * (kernel[1] - 1) - 1) // st[1] + 1
+            shape = (n, c, oh, ow)
+        attrs = _window_attrs((1, 1), padding, dilation, 1, kernel, (1, 1))
+        if stride is not None:
+            attrs["stride"] = list(stride)
+        return self.s.op(name, [self], dtype=self.dtype, shape=shape, attrs=attrs)
+
+    def cross_entropy(self, target: "Tensor", reduce: str = "mean") -> "Tensor":
+        """Cross entropy of logits [N, C] against class indices target [N] (i32 or i64):
+        a scalar for reduce "mean" or "sum", [N] for "none"."""
+        shape: Optional[Shape] = ()
+        if reduce == "none":
+            shape = self.shape[:1] if self.shape is not None else None
+        attrs = {"reduce": reduce} if reduce != "mean" else {}
+        return self.s.op("cross_entropy", [self, target], dtype=self.dtype, shape=shape, attrs=attrs)
+
+    def layer_norm(self, weight: Optional["Tensor"] = None, bias: Optional["Tensor"] = None,
+                   axis: Union[int, Sequence[int]] = -1, eps: float = 1e-5) -> "Tensor":
+        """(x - mean) / sqrt(var + eps) * weight + bias over the trailing axes."""
+        return self._norm("layer_norm", weight, bias, axis, eps)
+
+    def rms_norm(self, weight: Optional["Tensor"] = None, bias: Optional["Tensor"] = None,
+                 axis: Union[int, Sequence[int]] = -1, eps: float = 1e-5) -> "Tensor":
+        """x / sqrt(mean(x^2) + eps) * weight + bias over the trailing axes."""
+        return self._norm("rms_norm", weight, bias, axis, eps)
+
+    def _norm(self, name: str, weight: Optional["Tensor"], bias: Optional["Tensor"],
+              axis: Union[int, Sequence[int]], eps: float) -> "Tensor":
+        if bias is not None and weight is None:
+            raise ValueError("%s: a bias needs a weight" % name)
+        ins = [self] + [t for t in (weight, bias) if t is not None]
+        attrs: Dict[str, Any] = {"axes": _axes_list(axis)}
+        if eps != 1e-5:
+            attrs["eps"] = float(eps)
+        return self.s.op(name, ins, dtype=self.dtype, shape=self.shape, attrs=attrs)
+
     def __getitem__(self, key: Any) -> "Tensor":
         return _index(self, key)
 
@@ -594,6 +662,23 @@ class Tensor:
             op["reads"] = reads
         self.s._queue(op)
         self.s.flush()
+
+
+def _window_attrs(stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int,
+                  kernel: Optional[Sequence[int]], default_stride: Sequence[int]) -> Dict[str, Any]:
+    """The window attributes that differ from their defaults."""
+    a: Dict[str, Any] = {}
+    if tuple(stride) != tuple(default_stride):
+        a["stride"] = list(stride)
+    if tuple(padding) != (0, 0):
+        a["padding"] = list(padding)
+    if tuple(dilation) != (1, 1):
+        a["dilation"] = list(dilation)
+    if groups != 1:
+        a["groups"] = groups
+    if kernel is not None:
+        a["kernel"] = list(kernel)
+    return a
 
 
 def _index(t: Tensor, key: Any) -> Tensor:

@@ -210,6 +210,41 @@ class TestOps(FabricTest):
         sa = self.s.zeros((3,), dtype="i32").scatter_add(self.s.tensor([0, 2, 0], dtype="i64"), self.s.tensor([1, 2, 3], dtype="i32"))
         self.assertEqual(sa.tolist(), [4, 0, 2])
 
+    def test_networks(self):
+        s = self.s
+        # conv2d against a direct float64 sum, with padding and a bias.
+        rng = random.Random(6)
+        N, C, H, W, O, K = 1, 2, 4, 5, 3, 3
+        x = [[[[float(rng.randint(-3, 3)) for _ in range(W)] for _ in range(H)] for _ in range(C)] for _ in range(N)]
+        w = [[[[float(rng.randint(-2, 2)) for _ in range(K)] for _ in range(K)] for _ in range(C)] for _ in range(O)]
+        b = [1.0, -1.0, 0.5]
+        y = s.tensor(x, dtype="f64").conv2d(s.tensor(w, dtype="f64"), s.tensor(b, dtype="f64"), padding=(1, 1))
+        self.assertEqual(y.shape, (1, 3, 4, 5))
+        want = [[[[b[o] + sum(w[o][c][p][q] * x[0][c][i - 1 + p][j - 1 + q]
+                              for c in range(C) for p in range(K) for q in range(K)
+                              if 0 <= i - 1 + p < H and 0 <= j - 1 + q < W)
+                   for j in range(W)] for i in range(H)] for o in range(O)]]
+        self.assertEqual(y.tolist(), want)
+        img = s.tensor([[[[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0], [9.0, 10.0, 11.0, 12.0], [13.0, 14.0, 15.0, 16.0]]]])
+        self.assertEqual(img.max_pool2d((2, 2)).tolist(), [[[[6.0, 8.0], [14.0, 16.0]]]])
+        self.assertEqual(img.avg_pool2d((2, 2)).tolist(), [[[[3.5, 5.5], [11.5, 13.5]]]])
+        self.assertEqual(img.max_pool2d((2, 2), stride=(1, 1)).shape, (1, 1, 3, 3))
+        logits = [[1.0, 2.0, 3.0], [0.5, 0.5, 0.5]]
+        tgt = [2, 0]
+        lse = [math.log(sum(math.exp(v) for v in r)) for r in logits]
+        losses = [lse[i] - logits[i][tgt[i]] for i in range(2)]
+        lt = s.tensor(logits, dtype="f64")
+        tt = s.tensor(tgt, dtype="i64")
+        self.assertClose(lt.cross_entropy(tt).item(), sum(losses) / 2, rtol=1e-12)
+        self.assertClose(lt.cross_entropy(tt, reduce="none").tolist(), losses, rtol=1e-12)
+        ln = lt.layer_norm().tolist()[0]
+        m = sum(logits[0]) / 3
+        v = sum((a - m) ** 2 for a in logits[0]) / 3
+        self.assertClose(ln, [(a - m) / math.sqrt(v + 1e-5) for a in logits[0]], rtol=1e-9)
+        rn = lt.rms_norm(s.tensor([2.0, 2.0, 2.0], dtype="f64")).tolist()[0]
+        ms = sum(a * a for a in logits[0]) / 3
+        self.assertClose(rn, [2 * a / math.sqrt(ms + 1e-5) for a in logits[0]], rtol=1e-9)
+
     def test_creation(self):
         self.assertEqual(self.s.arange(5).tolist(), [0.0, 1.0, 2.0, 3.0, 4.0])
         self.assertEqual(self.s.arange(1, 2, 0.25, dtype="f64").tolist(), [1.0, 1.25, 1.5, 1.75])
