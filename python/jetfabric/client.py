@@ -14,7 +14,6 @@ A Session is meant for one thread at a time; a Fabric may be shared.
 from __future__ import annotations
 
 import calendar
-import hashlib
 import json
 import math
 import secrets
@@ -28,8 +27,6 @@ from .errors import (
     ConnectionClosedError,
     FabricError,
     JetStreamError,
-    NoRespondersError,
-    OpError,
     TimeoutError,
     op_error,
 )

@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 import urllib.parse
-from typing import Callable, Dict, List, Optional, Tuple, Union
+from typing import Callable, Dict, Optional, Tuple, Union
 
 from .errors import (
     ConnectionClosedError,
