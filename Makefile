@@ -79,8 +79,13 @@ bench-scale: images
 tools:
 	cd tools && GOBIN="$$($(GO) env GOPATH)/bin" $(GO) install github.com/nats-io/natscli/nats
 
-## test: vet, format check, tests with -race, tests again without cgo
-test: vet fmt-check test-race test-nocgo
+## test: vet, format check, tests with -race, tests again without cgo (the Python package's tests, python/,
+## run inside go test against a real broker and worker; test-python says when python3 is missing)
+test: vet fmt-check test-race test-nocgo test-python
+
+.PHONY: test-python
+test-python:
+	@command -v python3 >/dev/null 2>&1 || echo "python3 not found: the tests of the Python package (python/) were skipped"
 
 test-race: mnist
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
