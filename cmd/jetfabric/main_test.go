@@ -173,6 +173,7 @@ func TestBadCommandLines(t *testing.T) {
 		{[]string{"demo", "--url", "ftp://x:1"}, 1, "want nats://host:port"},
 		{[]string{"worker", "--url", "https://h:8222"}, 1, "not HTTP"},
 		{[]string{"version", "extra"}, 2, "unexpected arguments"},
+		{[]string{"healthcheck", "--http", "127.0.0.1:1"}, 1, "is the broker running with -http 127.0.0.1:1?"},
 		{[]string{"bench", "--layout", "sideways", "--upload-mib", "0"}, 1, "want inproc or procs"},
 		{[]string{"demo", "extra"}, 2, "unexpected arguments"},
 	} {

@@ -232,7 +232,7 @@ func runHealthcheck(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return err
+		return fmt.Errorf("nothing answers on http://%s (is the broker running with -http %s?): %w", *addr, *addr, err)
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
