@@ -167,6 +167,7 @@ func (b *Backend) tensors(name string, in, out []*kernels.Tensor, want []kernels
 	if len(out) != len(want) {
 		return nil, nil, fmt.Errorf("%w: %s has %d outputs, got %d", kernels.ErrArity, name, len(want), len(out))
 	}
+	inB, outB = make([]*buffer, 0, len(in)), make([]*buffer, 0, len(out))
 	for i, t := range in {
 		d, err := b.own(t.Buf, t.Bytes())
 		if err != nil {
