@@ -31,7 +31,7 @@ type Backend struct {
 	sms     int
 
 	// mu serialises the callers. It guards closed, rec, the allocator,
-	// fns, plans and keyBuf: the caller holding it uses them, and the
+	// fns, plans, keyBuf, chain and chains: the caller holding it uses them, and the
 	// device thread touches them only inside a call (see call), while
 	// that caller waits.
 	mu     sync.Mutex
@@ -43,6 +43,17 @@ type Backend struct {
 	fns    map[string]cuFunction
 	plans  map[string]*planned
 	keyBuf []byte
+	chain  chain
+	spare  chain // an empty chain with room
+	chains map[string]*chainPlan
+	// fusedChains counts the chains launched as one kernel, for tests.
+	fusedChains int
+
+	// Kernels compiled in the background (see compileAsync): bgDone holds
+	// those loaded, under bgMu; bg waits for the compilers.
+	bgMu   sync.Mutex
+	bgDone map[string]loadedFn
+	bg     sync.WaitGroup
 
 	// The queue to the device thread: items in order, counted by qn so
 	// that the polling thread reads an atomic, not the lock. parked says
@@ -68,11 +79,13 @@ type Backend struct {
 
 // item is one entry of the device thread's queue: the device calls of
 // one op (run, named by op), queued without waiting; or a call whose
-// caller waits for its error on res; or the end.
+// caller waits for its error on res; or work of the backend's own (bg),
+// which reports nothing; or the end.
 type item struct {
 	run  []func() error
 	op   string
 	call func() error
+	bg   func()
 	stop bool
 }
 
@@ -116,6 +129,8 @@ func New(ordinal int, opts ...Option) (*Backend, error) {
 		res:     make(chan error, 1),
 		fns:     make(map[string]cuFunction),
 		plans:   make(map[string]*planned),
+		chains:  make(map[string]*chainPlan),
+		bgDone:  make(map[string]loadedFn),
 	}
 	ready := make(chan error, 1)
 	b.wg.Go(func() { b.loop(ready) })
@@ -150,6 +165,8 @@ func (b *Backend) loop(ready chan<- error) {
 				return
 			case it.call != nil:
 				b.res <- b.run(it.call)
+			case it.bg != nil:
+				_ = b.run(func() error { it.bg(); return nil })
 			default:
 				b.runQueued(it.run, it.op)
 			}
@@ -296,9 +313,10 @@ func (b *Backend) release() {
 	b.ctx = nil
 }
 
-// call runs f on the device thread, after every item queued before it,
-// and returns its error. The caller holds mu.
+// call runs f on the device thread, after every item queued before it
+// and the pending chain, and returns its error. The caller holds mu.
 func (b *Backend) call(f func() error) error {
+	b.flushChain()
 	b.push(item{call: f})
 	start := time.Now()
 	for i := 0; ; i++ {
@@ -334,8 +352,9 @@ func (b *Backend) Close() error {
 	}
 	err := b.call(b.sync)
 	b.closed = true
-	b.push(item{stop: true})
 	b.mu.Unlock()
+	b.bg.Wait() // their loads are queued before the end
+	b.push(item{stop: true})
 	b.wg.Wait()
 	return err
 }

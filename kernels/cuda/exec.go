@@ -43,6 +43,7 @@ func (b *Backend) ExecFused(g *kernels.FusedGroup, in, out []*kernels.Tensor) er
 		return ErrClosed
 	}
 	return b.queue("fused group", func() error {
+		b.flushChain()
 		if err := checkNil("fused group", in, out); err != nil {
 			return err
 		}
@@ -85,12 +86,12 @@ func (b *Backend) queue(op string, plan func() error) (err error) {
 	if err := plan(); err != nil {
 		return err
 	}
-	b.flush(op)
+	b.pushRun(op)
 	return nil
 }
 
-// flush queues the device calls recorded so far as op's.
-func (b *Backend) flush(op string) {
+// pushRun queues the device calls recorded so far as op's.
+func (b *Backend) pushRun(op string) {
 	if len(b.rec) == 0 {
 		return
 	}
@@ -195,6 +196,7 @@ func (b *Backend) exec(op *kernels.Op, in, out []*kernels.Tensor) error {
 	if pointwise[op.Name] {
 		return b.execPlanned(op, in, out)
 	}
+	b.flushChain()
 	inM := metas(in)
 	want, err := kernels.Infer(op, inM, noLimits)
 	if err != nil {
@@ -329,6 +331,9 @@ func (b *Backend) execPlanned(op *kernels.Op, in, out []*kernels.Tensor) error {
 	inB, outB, err := b.tensors(op.Name, in, out, c.want)
 	if err != nil {
 		return err
+	}
+	if b.chainAdd(op.Name, c, in, inB, outB[0]) {
+		return nil
 	}
 	return b.launchPlan(c.p, c.fns, inB, outB)
 }
