@@ -31,9 +31,9 @@ type Backend struct {
 	sms     int
 
 	// mu serialises the callers. It guards closed, rec, the allocator,
-	// fns, plans, keyBuf, chain and chains: the caller holding it uses them, and the
-	// device thread touches them only inside a call (see call), while
-	// that caller waits.
+	// fns, plans, keyBuf and the chain's fields: the caller holding it
+	// uses them, and the device thread touches them only inside a call
+	// (see call), while that caller waits.
 	mu     sync.Mutex
 	closed bool
 	// rec holds the device calls of the Exec in progress, queued as one
@@ -46,8 +46,9 @@ type Backend struct {
 	chain  chain
 	spare  chain // an empty chain with room
 	chains map[string]*chainPlan
-	// fusedChains counts the chains launched as one kernel, for tests.
-	fusedChains int
+	// fusedChains counts the chains launched as one kernel, chainForms
+	// the chain forms planned; for tests.
+	fusedChains, chainForms int
 
 	// Kernels compiled in the background (see compileAsync): bgDone holds
 	// those loaded, under bgMu; bg waits for the compilers.

@@ -51,6 +51,7 @@ type chainPlan struct {
 	fns   planFns
 	spec  string // the kernel's key
 	state chainState
+	err   error // why the kernel could not be compiled or loaded
 }
 
 type chainState uint8
@@ -136,20 +137,15 @@ func (b *Backend) chainAdd(name string, c *planned, in []*kernels.Tensor, inB []
 // chainFits reports whether the op can join the pending chain (true when
 // there is none): the same output shape; inputs that the chain made read
 // with the metas they were made with, and other inputs read with one
-// meta; an output that no op of the chain reads from memory, but with
-// the same elements; room.
+// meta; an output that no op of the chain reads from memory; room.
 func (b *Backend) chainFits(c *planned, in []*kernels.Tensor, inB []*buffer, out *buffer) bool {
 	ch := &b.chain
 	if len(ch.ops) == 0 {
 		return true
 	}
-	if !equalShape(c.want[0].Shape, ch.shape) {
-		return false
-	}
-	// A block freed and handed out again may be written by the chain
-	// after it read it: only where each thread reads and writes the same
-	// bytes (all loads of a thread come before its stores).
-	if j := ch.leafOf(out); j >= 0 && (ch.leafM[j].DType.Size() != c.want[0].DType.Size() || !equalShape(ch.leafM[j].Shape, ch.shape)) {
+	// A block that the chain reads, freed and handed out again, is not
+	// written by it: the kernel takes its inputs as restricted pointers.
+	if !equalShape(c.want[0].Shape, ch.shape) || ch.leafOf(out) >= 0 {
 		return false
 	}
 	leaves := len(ch.leaves)
@@ -252,8 +248,8 @@ func (b *Backend) chainPlanOf(ch *chain) *chainPlan {
 		if f, ok := b.fns[cp.spec]; ok {
 			cp.fns.f, cp.state = f, chainReady
 		} else if l, done := b.loaded(cp.spec); done {
-			if l.f == nil {
-				cp.state = chainFailed
+			if l.err != nil {
+				cp.state, cp.err = chainFailed, l.err
 			} else {
 				b.fns[cp.spec] = l.f
 				cp.fns.f, cp.state = l.f, chainReady
@@ -288,6 +284,7 @@ func (b *Backend) planChain(ch *chain) *chainPlan {
 		return &chainPlan{state: chainFailed}
 	}
 	cp := &chainPlan{p: p, spec: p.spec.key()}
+	b.chainForms++
 	if f, ok := b.fns[cp.spec]; ok {
 		cp.fns.f, cp.state = f, chainReady
 		return cp
@@ -301,9 +298,12 @@ func (b *Backend) planChain(ch *chain) *chainPlan {
 	return cp
 }
 
-// loadedFn is a kernel compiled and loaded in the background; f is nil
-// if that failed.
-type loadedFn struct{ f cuFunction }
+// loadedFn is a kernel compiled and loaded in the background, or why
+// not.
+type loadedFn struct {
+	f   cuFunction
+	err error
+}
 
 // loaded returns the background load of kernel key, if it has finished.
 func (b *Backend) loaded(key string) (loadedFn, bool) {
@@ -319,30 +319,26 @@ func (b *Backend) loaded(key string) (loadedFn, bool) {
 // compileAsync compiles src on a goroutine of its own and loads it on the
 // device thread, recording the result for loaded. Close waits for it.
 func (b *Backend) compileAsync(key, src string) {
-	done := func(f cuFunction) {
+	done := func(f cuFunction, err error) {
 		b.bgMu.Lock()
-		b.bgDone[key] = loadedFn{f: f}
+		b.bgDone[key] = loadedFn{f: f, err: err}
 		b.bgMu.Unlock()
 	}
 	opts := b.compileOptions()
 	b.bg.Go(func() {
 		img, err := image(src, opts, b.opts.cacheDir)
 		if err != nil {
-			done(nil)
+			done(nil, err)
 			return
 		}
 		b.push(item{bg: func() {
 			m, err := moduleLoad(img)
 			if err != nil {
-				done(nil)
+				done(nil, err)
 				return
 			}
 			b.mods = append(b.mods, m)
-			f, err := moduleFunction(m, kernelName)
-			if err != nil {
-				f = nil
-			}
-			done(f)
+			done(moduleFunction(m, kernelName))
 		}})
 	})
 }
