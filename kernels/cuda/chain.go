@@ -126,6 +126,8 @@ func (b *Backend) chainAdd(name string, c *planned, in []*kernels.Tensor, inB []
 		}
 		k = binary.AppendUvarint(k, uint64(2*j))
 	}
+	// The leaf the op's output shares memory with, if any (plus one).
+	k = binary.AppendUvarint(k, uint64(ch.leafOf(out)+1))
 	ch.key = k
 	ch.ops = append(ch.ops, chainOp{name: name, c: c, inB: inB, out: out})
 	if len(ch.ops) == maxChain {
@@ -137,15 +139,14 @@ func (b *Backend) chainAdd(name string, c *planned, in []*kernels.Tensor, inB []
 // chainFits reports whether the op can join the pending chain (true when
 // there is none): the same output shape; inputs that the chain made read
 // with the metas they were made with, and other inputs read with one
-// meta; an output that no op of the chain reads from memory; room.
+// meta; an output that no op of the chain reads from memory, or that
+// each thread reads before it writes (see mayWrite); room.
 func (b *Backend) chainFits(c *planned, in []*kernels.Tensor, inB []*buffer, out *buffer) bool {
 	ch := &b.chain
 	if len(ch.ops) == 0 {
 		return true
 	}
-	// A block that the chain reads, freed and handed out again, is not
-	// written by it: the kernel takes its inputs as restricted pointers.
-	if !equalShape(c.want[0].Shape, ch.shape) || ch.leafOf(out) >= 0 {
+	if !equalShape(c.want[0].Shape, ch.shape) || !ch.mayWrite(out, c.want[0]) {
 		return false
 	}
 	leaves := len(ch.leaves)
@@ -166,6 +167,16 @@ func (b *Backend) chainFits(c *planned, in []*kernels.Tensor, inB []*buffer, out
 		leaves++
 	}
 	return leaves <= maxChain
+}
+
+// mayWrite reports whether the chain may write out, of meta m, in its
+// domain: a block that the chain reads (a leaf), freed and handed out
+// again, only if the leaf has the domain's shape and m's element size,
+// so that each element is read and written by the same thread, reads
+// first. Such a leaf is not restricted in the kernel (ewLeaf.alias).
+func (ch *chain) mayWrite(out *buffer, m kernels.Meta) bool {
+	j := ch.leafOf(out)
+	return j < 0 || ch.leafM[j].DType.Size() == m.DType.Size() && equalShape(ch.leafM[j].Shape, ch.shape)
 }
 
 func equalShape(a, b []int) bool {
@@ -282,6 +293,13 @@ func (b *Backend) planChain(ch *chain) *chainPlan {
 	p, err := planGroup(g, vals, b.sms)
 	if err != nil || p.spec.red != nil || len(p.outIdx) != len(ch.ops) {
 		return &chainPlan{state: chainFailed}
+	}
+	for sj, j := range p.leafIn {
+		for _, op := range ch.ops {
+			if op.out.ptr == ch.leaves[j].ptr {
+				p.spec.leaves[sj].alias = true
+			}
+		}
 	}
 	cp := &chainPlan{p: p, spec: p.spec.key()}
 	b.chainForms++

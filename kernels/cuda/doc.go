@@ -25,6 +25,14 @@
 // index-checking op, as an *AsyncError naming the op, whichever caller
 // that is. Close stops the goroutine and releases the device.
 //
+// Consecutive elementwise ops of one shape form a chain: their launches
+// are held back and issued as one fused kernel that writes every op's
+// output, once that kernel, compiled in the background the first time
+// the chain's form is seen, is loaded; until then they are launched one
+// by one. Both give the same bits. A chain is issued before any other
+// work (another op, Upload, Download, Sync, new memory), and holds at most
+// 16 ops (see WithChains).
+//
 // Kernels are CUDA C generated as Go strings and compiled at run time by
 // NVRTC for the device's compute capability; the images are cached by the
 // SHA-256 of source and options, in memory and on disk (see WithCacheDir).

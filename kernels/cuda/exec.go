@@ -234,10 +234,18 @@ func (b *Backend) exec(op *kernels.Op, in, out []*kernels.Tensor) error {
 
 // aliasSafe reports whether output k may share memory with the leaves it
 // overlaps: only in the linear kernel, where each element is read and
-// written by the same thread.
+// written by the same thread (a scalar leaf is read by every thread: only
+// where there is one element).
 func (p *ewPlan) aliasSafe(ptr uint64, leafPtr []uint64) bool {
 	for j, q := range leafPtr {
-		if q == ptr && (p.spec.red != nil || p.spec.rank != 0 || p.spec.leaves[j].kind != leafFull) {
+		if q != ptr {
+			continue
+		}
+		switch k := p.spec.leaves[j].kind; {
+		case p.spec.red != nil || p.spec.rank != 0:
+			return false
+		case k == leafFull, k == leafScalar && p.n == 1:
+		default:
 			return false
 		}
 	}
