@@ -33,7 +33,9 @@ type Backend struct {
 	// mu serialises the callers. It guards closed, rec, the allocator,
 	// fns, plans, keyBuf and the chain's fields: the caller holding it
 	// uses them, and the device thread touches them only inside a call
-	// (see call), while that caller waits.
+	// (see call), while that caller waits. Lock order: mu, then qmu or
+	// bgMu; the device thread and the background compilers take only
+	// qmu and bgMu, never two at once.
 	mu     sync.Mutex
 	closed bool
 	// rec holds the device calls of the Exec in progress, queued as one
