@@ -2,6 +2,9 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"flag"
 	"io"
@@ -104,6 +107,36 @@ func trainOn(t *testing.T, url string, f *trainFlags, onCheck func(step int)) *t
 		t.Fatal(err)
 	}
 	return rep
+}
+
+// TestTrainCommand runs the command itself on the embedded fabric it
+// starts, on one device and data-parallel on two, and checks its JSON:
+// the digest is the saved file's.
+func TestTrainCommand(t *testing.T) {
+	for _, devs := range []string{"cpu-0", "cpu-0,cpu-1"} {
+		t.Run(devs, func(t *testing.T) {
+			save := filepath.Join(t.TempDir(), "w.safetensors")
+			var stdout, stderr strings.Builder
+			code := run(context.Background(), []string{"train", "-devices", devs, "-limit", "256", "-test-limit", "100",
+				"-epochs", "1", "-batch", "64", "-hidden", "16", "-json", "-save", save}, &stdout, &stderr)
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, stderr.String())
+			}
+			var rep trainReport
+			if err := json.Unmarshal([]byte(stdout.String()), &rep); err != nil {
+				t.Fatalf("%v: %q", err, stdout.String())
+			}
+			b, err := os.ReadFile(save)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sum := sha256.Sum256(b)
+			if rep.Steps != 4 || rep.TrainExamples != 256 || rep.TestExamples != 100 || rep.StepMS <= 0 || rep.SamplesPerS <= 0 ||
+				rep.WeightsSHA256 != hex.EncodeToString(sum[:]) || rep.Saved != save || strings.Join(rep.Devices, ",") != devs {
+				t.Fatalf("report %+v", rep)
+			}
+		})
+	}
 }
 
 // TestTrainMLPLearns: an MLP trained on 2000 examples through a real broker
