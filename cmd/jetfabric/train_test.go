@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -21,7 +22,10 @@ import (
 
 	"github.com/jetfabric/jetfabric/broker/brokertest"
 	"github.com/jetfabric/jetfabric/client"
+	"github.com/jetfabric/jetfabric/datasets"
 	"github.com/jetfabric/jetfabric/datasets/mnist"
+	"github.com/jetfabric/jetfabric/nn"
+	"github.com/jetfabric/jetfabric/worker"
 	"github.com/jetfabric/jetfabric/worker/workertest"
 )
 
@@ -177,6 +181,87 @@ func TestTrainCNNRuns(t *testing.T) {
 			t.Fatalf("no %s in the saved header", name)
 		}
 	}
+}
+
+// TestTrainStepHoldsMemory: after the first steps (Adam's state made),
+// a step leaves the worker holding as much tensor memory as before it.
+func TestTrainStepHoldsMemory(t *testing.T) {
+	data, err := mnistData()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := brokertest.Run(t)
+	wk := workertest.Run(t, b, workertest.CPUs(1))
+	c, err := client.Connect(b.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	s, err := c.Open(ctx, "cpu-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(ctx)
+	train := data[0].Head(256)
+	r := &replica{s: s}
+	if r.train, err = datasets.Upload(ctx, s, train.Images, []int{train.N, 1, mnist.Rows, mnist.Cols}, train.LabelsI64(), datasets.MNISTNorm); err != nil {
+		t.Fatal(err)
+	}
+	if r.model, err = newModel(s, "mlp", 32); err != nil {
+		t.Fatal(err)
+	}
+	r.params, r.opt = r.model.Params(), nn.NewAdam(1e-3)
+	if r.ep, err = r.train.Epoch(ctx, datasets.Permutation(1, 0, train.N)); err != nil {
+		t.Fatal(err)
+	}
+	held := func(steps int) float64 {
+		t.Helper()
+		for i := range steps {
+			lo := i % 4 * 64
+			if err := trainStep([]*replica{r}, lo, lo+64); err != nil {
+				t.Fatal(err)
+			}
+		}
+		w := startWindow(ctx, []*replica{r}, 1, steps, 0, 64*steps)
+		<-w.done
+		if w.err != nil {
+			t.Fatal(w.err)
+		}
+		if err := s.Sync(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return tensorBytes(t, wk, "cpu-0")
+	}
+	first := held(2)
+	t.Logf("%v bytes held", first)
+	for range 3 {
+		if got := held(5); got != first {
+			t.Fatalf("the worker holds %v bytes after more steps, %v before", got, first)
+		}
+	}
+}
+
+// tensorBytes is the tensor memory the worker's device holds, from its
+// metrics.
+func tensorBytes(t *testing.T, w *worker.Worker, device string) float64 {
+	t.Helper()
+	var b strings.Builder
+	if err := w.WriteMetrics(&b); err != nil {
+		t.Fatal(err)
+	}
+	prefix := `jetfabric_device_tensor_bytes{device="` + device + `"} `
+	for line := range strings.Lines(b.String()) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), prefix); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("no %s in the metrics", prefix)
+	return 0
 }
 
 // TestTrainIsDeterministic: two runs from one seed, on one device and
