@@ -148,12 +148,14 @@ func TestTrainCommand(t *testing.T) {
 func TestTrainMLPLearns(t *testing.T) {
 	b := brokertest.Run(t)
 	workertest.Run(t, b, workertest.CPUs(1))
-	f := &trainFlags{model: "mlp", devices: []string{"cpu-0"}, epochs: 3, batch: 64, lr: 2e-3, seed: 1,
+	// Seeds 1 to 5 reach 87.2 to 88.8%: the bar leaves room for kernels
+	// that sum in another order.
+	f := &trainFlags{model: "mlp", devices: []string{"cpu-0"}, epochs: 4, batch: 64, lr: 2e-3, seed: 1,
 		limit: 2000, testLimit: 500, hidden: 64, check: 10}
 	rep := trainOn(t, b.ClientURL(), f, nil)
 	t.Logf("%+v", rep)
-	if rep.Steps != 3*32 {
-		t.Fatalf("%d steps, want %d", rep.Steps, 3*32)
+	if rep.Steps != 4*32 {
+		t.Fatalf("%d steps, want %d", rep.Steps, 4*32)
 	}
 	if rep.TestAccuracy < 0.85 {
 		t.Fatalf("test accuracy %.3f, want at least 0.85", rep.TestAccuracy)
