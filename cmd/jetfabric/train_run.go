@@ -114,14 +114,19 @@ type replica struct {
 var errNaN = errors.New("the loss is not a number")
 
 // trainMNIST trains the model of f on train (one replica a device), tests
-// it on test, and saves the weights. onCheck, when set, is called after
-// each read of the loss with the steps done.
+// it on test, and saves the weights. onCheck, when set, is called with the
+// last step of each window of losses read, once they are handled (the
+// reads of a window are handled at the next check, or at the end).
 func trainMNIST(ctx context.Context, c *client.Client, f *trainFlags, train, test *mnist.Set, progress io.Writer, onCheck func(step int)) (*trainReport, error) {
 	reps := make([]*replica, len(f.devices))
 	defer func() {
+		// Free the sessions' tensors on the workers, even after ctx ended,
+		// but never wait long on a worker that is gone.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
 		for _, r := range reps {
 			if r != nil {
-				_ = r.s.Close(context.WithoutCancel(ctx))
+				_ = r.s.Close(cctx)
 			}
 		}
 	}()
@@ -148,15 +153,15 @@ func trainMNIST(ctx context.Context, c *client.Client, f *trainFlags, train, tes
 		r.params = r.model.Params()
 		r.opt = nn.NewAdam(f.lr)
 		// Wait until the worker holds the data before the next rank
-		// uploads the same bytes: a second upload that finishes writing
-		// before it learns that the digest's object exists replaces that
-		// object, and a worker still reading the first one's chunks fails.
+		// uploads the same bytes: two uploads of the same bytes under way
+		// at once may both write the object named by their digest, and
+		// the second replaces the chunks the first one's worker reads.
 		if err := s.Sync(ctx); err != nil {
 			return nil, fmt.Errorf("%s: preparing the data and the model: %w", s.Device(), err)
 		}
 	}
 
-	n, B, R := train.N, f.batch, len(reps)
+	n, B := train.N, f.batch
 	perEpoch := (n + B - 1) / B
 	rep := &trainReport{Model: f.model, Devices: f.devices, Epochs: f.epochs, Batch: B, LR: f.lr, Seed: f.seed,
 		TrainExamples: n, TestExamples: test.N}
@@ -229,7 +234,6 @@ func trainMNIST(ctx context.Context, c *client.Client, f *trainFlags, train, tes
 		for _, r := range reps {
 			r.ep.Free()
 		}
-		_ = R
 	}
 	err := finish(pending)
 	pending = nil
