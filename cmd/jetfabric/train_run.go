@@ -188,7 +188,8 @@ func trainMNIST(ctx context.Context, c *client.Client, f *trainFlags, train, tes
 		var loss float64
 		for i, v := range w.losses {
 			if math.IsNaN(v) || math.IsInf(v, 0) {
-				return fmt.Errorf("%w at step %d (epoch %d): %v", errNaN, w.first+i, w.epoch+1, v)
+				bad := w.first + i
+				return fmt.Errorf("%w at step %d (epoch %d): %v", errNaN, bad, (bad-1)/perEpoch+1, v)
 			}
 			loss += v
 		}
