@@ -120,7 +120,8 @@ func TestTrainCommand(t *testing.T) {
 	for _, devs := range []string{"cpu-0", "cpu-0,cpu-1"} {
 		t.Run(devs, func(t *testing.T) {
 			save := filepath.Join(t.TempDir(), "w.safetensors")
-			var stdout, stderr strings.Builder
+			// The embedded workers' devices log to stderr concurrently.
+			var stdout, stderr output
 			code := run(context.Background(), []string{"train", "-devices", devs, "-limit", "256", "-test-limit", "100",
 				"-epochs", "1", "-batch", "64", "-hidden", "16", "-json", "-save", save}, &stdout, &stderr)
 			if code != 0 {
@@ -384,7 +385,7 @@ func TestTrainDataErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
-			var stdout, stderr strings.Builder
+			var stdout, stderr output
 			code := run(context.Background(), append([]string{"train"}, tt.args...), &stdout, &stderr)
 			if code != 1 || !strings.Contains(stderr.String(), tt.want) {
 				t.Fatalf("exit %d, stderr %q: want 1 and %q", code, stderr.String(), tt.want)
