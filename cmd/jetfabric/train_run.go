@@ -114,14 +114,19 @@ type replica struct {
 var errNaN = errors.New("the loss is not a number")
 
 // trainMNIST trains the model of f on train (one replica a device), tests
-// it on test, and saves the weights. onCheck, when set, is called after
-// each read of the loss with the steps done.
+// it on test, and saves the weights. onCheck, when set, is called with the
+// last step of each window of losses read, once they are handled (the
+// reads of a window are handled at the next check, or at the end).
 func trainMNIST(ctx context.Context, c *client.Client, f *trainFlags, train, test *mnist.Set, progress io.Writer, onCheck func(step int)) (*trainReport, error) {
 	reps := make([]*replica, len(f.devices))
 	defer func() {
+		// Free the sessions' tensors on the workers, even after ctx ended,
+		// but never wait long on a worker that is gone.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
 		for _, r := range reps {
 			if r != nil {
-				_ = r.s.Close(context.WithoutCancel(ctx))
+				_ = r.s.Close(cctx)
 			}
 		}
 	}()
@@ -148,15 +153,15 @@ func trainMNIST(ctx context.Context, c *client.Client, f *trainFlags, train, tes
 		r.params = r.model.Params()
 		r.opt = nn.NewAdam(f.lr)
 		// Wait until the worker holds the data before the next rank
-		// uploads the same bytes: a second upload that finishes writing
-		// before it learns that the digest's object exists replaces that
-		// object, and a worker still reading the first one's chunks fails.
+		// uploads the same bytes: two uploads of the same bytes under way
+		// at once may both write the object named by their digest, and
+		// the second replaces the chunks the first one's worker reads.
 		if err := s.Sync(ctx); err != nil {
 			return nil, fmt.Errorf("%s: preparing the data and the model: %w", s.Device(), err)
 		}
 	}
 
-	n, B, R := train.N, f.batch, len(reps)
+	n, B := train.N, f.batch
 	perEpoch := (n + B - 1) / B
 	rep := &trainReport{Model: f.model, Devices: f.devices, Epochs: f.epochs, Batch: B, LR: f.lr, Seed: f.seed,
 		TrainExamples: n, TestExamples: test.N}
@@ -164,46 +169,40 @@ func trainMNIST(ctx context.Context, c *client.Client, f *trainFlags, train, tes
 	lastPrint := start
 	step, checked := 0, 0
 	windowSamples := 0
-	check := func(epoch int) error {
-		losses := make([]float64, step-checked)
-		var correct float64
-		for _, r := range reps {
-			l, err := r.readLosses(ctx)
-			if err != nil {
-				return rankErrors(ctx, reps, r, step, err)
-			}
-			k, err := r.correct.Float32s(ctx)
-			if err != nil {
-				return rankErrors(ctx, reps, r, step, err)
-			}
-			if len(l) != len(losses) {
-				return fmt.Errorf("%s: step %d: %d losses since step %d", r.s.Device(), step, len(l), checked)
-			}
-			for i, v := range l {
-				losses[i] += float64(v)
-			}
-			correct += float64(k[0])
-			r.correct.Free()
-			r.correct = nil
+	// Each check queues the reads of its window's losses and correct
+	// counts and takes them in the background; it handles the previous
+	// window's, so the worker runs the next steps while they travel.
+	wctx, cancel := context.WithCancel(ctx)
+	var pending *window
+	defer func() {
+		cancel()
+		if pending != nil {
+			<-pending.done
+		}
+	}()
+	finish := func(w *window) error {
+		<-w.done
+		if w.err != nil {
+			return w.err
 		}
 		var loss float64
-		for i, v := range losses {
+		for i, v := range w.losses {
 			if math.IsNaN(v) || math.IsInf(v, 0) {
-				return fmt.Errorf("%w at step %d (epoch %d): %v", errNaN, checked+1+i, epoch+1, v)
+				bad := w.first + i
+				return fmt.Errorf("%w at step %d (epoch %d): %v", errNaN, bad, (bad-1)/perEpoch+1, v)
 			}
 			loss += v
 		}
-		rep.FinalLoss = loss / float64(len(losses))
-		rep.TrainAccuracy = correct / float64(windowSamples)
-		checked, windowSamples = step, 0
+		rep.FinalLoss = loss / float64(len(w.losses))
+		rep.TrainAccuracy = w.correct / float64(w.samples)
 		if onCheck != nil {
-			onCheck(step)
+			onCheck(w.last)
 		}
 		if now := time.Now(); f.every > 0 && now.Sub(lastPrint) >= f.every {
 			lastPrint = now
 			el := now.Sub(start).Seconds()
 			fmt.Fprintf(progress, "epoch %d/%d step %d/%d loss %.4f train accuracy %.2f%% %.0f samples/s\n",
-				epoch+1, f.epochs, step, f.epochs*perEpoch, rep.FinalLoss, 100*rep.TrainAccuracy, float64(min(step*B, f.epochs*n))/el)
+				w.epoch+1, f.epochs, w.last, f.epochs*perEpoch, rep.FinalLoss, 100*rep.TrainAccuracy, float64(min(w.last*B, f.epochs*n))/el)
 		}
 		return nil
 	}
@@ -223,15 +222,24 @@ func trainMNIST(ctx context.Context, c *client.Client, f *trainFlags, train, tes
 			step++
 			windowSamples += hi - lo
 			if step%f.check == 0 || hi == n && epoch == f.epochs-1 {
-				if err := check(epoch); err != nil {
-					return nil, err
+				w := startWindow(wctx, reps, checked+1, step, epoch, windowSamples)
+				checked, windowSamples = step, 0
+				if pending != nil {
+					if err := finish(pending); err != nil {
+						return nil, err
+					}
 				}
+				pending = w
 			}
 		}
 		for _, r := range reps {
 			r.ep.Free()
 		}
-		_ = R
+	}
+	err := finish(pending)
+	pending = nil
+	if err != nil {
+		return nil, err
 	}
 	elapsed := time.Since(start)
 	rep.Steps = step
@@ -268,18 +276,68 @@ func trainMNIST(ctx context.Context, c *client.Client, f *trainFlags, train, tes
 	return rep, nil
 }
 
-// readLosses reads the losses of the steps since the last check (stacked
-// on the worker into one tensor, so one read takes them all) and frees
-// them.
-func (r *replica) readLosses(ctx context.Context) ([]float32, error) {
-	all := r.s.Apply(codec.Op{Op: kernels.OpStack, Axis: 0}, r.losses...)
-	for _, l := range r.losses {
-		l.Free()
+// window is a check's reads in flight: the summed losses of steps first
+// to last (of epoch, from 0) and the correct predictions over their
+// samples, over every rank.
+type window struct {
+	first, last, epoch, samples int
+
+	done    chan struct{} // closed when the fields below are set
+	losses  []float64
+	correct float64
+	err     error
+}
+
+// startWindow queues on every rank the stack of the losses since the last
+// check (so one read takes them all) and reads it and the correct count
+// on a goroutine, which frees both after reading; the caller waits on
+// done. The reads go out in the session's order, so they read what the
+// steps before them made whatever is queued after them meanwhile.
+func startWindow(ctx context.Context, reps []*replica, first, last, epoch, samples int) *window {
+	w := &window{first: first, last: last, epoch: epoch, samples: samples,
+		done: make(chan struct{}), losses: make([]float64, last-first+1)}
+	type reads struct {
+		r               *replica
+		losses, correct *client.Tensor
 	}
-	r.losses = r.losses[:0]
-	v, err := all.Float32s(ctx)
-	all.Free()
-	return v, err
+	rs := make([]reads, len(reps))
+	for i, r := range reps {
+		all := r.s.Apply(codec.Op{Op: kernels.OpStack, Axis: 0}, r.losses...)
+		for _, l := range r.losses {
+			l.Free()
+		}
+		rs[i] = reads{r, all, r.correct}
+		r.losses, r.correct = r.losses[:0], nil
+	}
+	go func() {
+		defer close(w.done)
+		for _, x := range rs {
+			if w.err != nil {
+				x.losses.Free()
+				x.correct.Free()
+				continue
+			}
+			l, err := x.losses.Float32s(ctx)
+			var k []float32
+			if err == nil {
+				k, err = x.correct.Float32s(ctx)
+			}
+			x.losses.Free()
+			x.correct.Free()
+			switch {
+			case err != nil:
+				w.err = rankErrors(ctx, reps, x.r, last, err)
+			case len(l) != len(w.losses) || len(k) != 1:
+				w.err = fmt.Errorf("%s: step %d: %d losses since step %d", x.r.s.Device(), last, len(l), first-1)
+			default:
+				for i, v := range l {
+					w.losses[i] += float64(v)
+				}
+				w.correct += float64(k[0])
+			}
+		}
+	}()
+	return w
 }
 
 // rankErrors is err, the failure of failed's read at step, joined with the

@@ -2,6 +2,9 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"flag"
 	"io"
@@ -10,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -18,7 +22,10 @@ import (
 
 	"github.com/jetfabric/jetfabric/broker/brokertest"
 	"github.com/jetfabric/jetfabric/client"
+	"github.com/jetfabric/jetfabric/datasets"
 	"github.com/jetfabric/jetfabric/datasets/mnist"
+	"github.com/jetfabric/jetfabric/nn"
+	"github.com/jetfabric/jetfabric/worker"
 	"github.com/jetfabric/jetfabric/worker/workertest"
 )
 
@@ -106,17 +113,50 @@ func trainOn(t *testing.T, url string, f *trainFlags, onCheck func(step int)) *t
 	return rep
 }
 
+// TestTrainCommand runs the command itself on the embedded fabric it
+// starts, on one device and data-parallel on two, and checks its JSON:
+// the digest is the saved file's.
+func TestTrainCommand(t *testing.T) {
+	for _, devs := range []string{"cpu-0", "cpu-0,cpu-1"} {
+		t.Run(devs, func(t *testing.T) {
+			save := filepath.Join(t.TempDir(), "w.safetensors")
+			// The embedded workers' devices log to stderr concurrently.
+			var stdout, stderr output
+			code := run(context.Background(), []string{"train", "-devices", devs, "-limit", "256", "-test-limit", "100",
+				"-epochs", "1", "-batch", "64", "-hidden", "16", "-json", "-save", save}, &stdout, &stderr)
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, stderr.String())
+			}
+			var rep trainReport
+			if err := json.Unmarshal([]byte(stdout.String()), &rep); err != nil {
+				t.Fatalf("%v: %q", err, stdout.String())
+			}
+			b, err := os.ReadFile(save)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sum := sha256.Sum256(b)
+			if rep.Steps != 4 || rep.TrainExamples != 256 || rep.TestExamples != 100 || rep.StepMS <= 0 || rep.SamplesPerS <= 0 ||
+				rep.WeightsSHA256 != hex.EncodeToString(sum[:]) || rep.Saved != save || strings.Join(rep.Devices, ",") != devs {
+				t.Fatalf("report %+v", rep)
+			}
+		})
+	}
+}
+
 // TestTrainMLPLearns: an MLP trained on 2000 examples through a real broker
 // and worker classifies 85% of 500 test examples right.
 func TestTrainMLPLearns(t *testing.T) {
 	b := brokertest.Run(t)
 	workertest.Run(t, b, workertest.CPUs(1))
-	f := &trainFlags{model: "mlp", devices: []string{"cpu-0"}, epochs: 3, batch: 64, lr: 2e-3, seed: 1,
+	// Seeds 1 to 5 reach 87.2 to 88.8%: the bar leaves room for kernels
+	// that sum in another order.
+	f := &trainFlags{model: "mlp", devices: []string{"cpu-0"}, epochs: 4, batch: 64, lr: 2e-3, seed: 1,
 		limit: 2000, testLimit: 500, hidden: 64, check: 10}
 	rep := trainOn(t, b.ClientURL(), f, nil)
 	t.Logf("%+v", rep)
-	if rep.Steps != 3*32 {
-		t.Fatalf("%d steps, want %d", rep.Steps, 3*32)
+	if rep.Steps != 4*32 {
+		t.Fatalf("%d steps, want %d", rep.Steps, 4*32)
 	}
 	if rep.TestAccuracy < 0.85 {
 		t.Fatalf("test accuracy %.3f, want at least 0.85", rep.TestAccuracy)
@@ -144,6 +184,87 @@ func TestTrainCNNRuns(t *testing.T) {
 			t.Fatalf("no %s in the saved header", name)
 		}
 	}
+}
+
+// TestTrainStepHoldsMemory: after the first steps (Adam's state made),
+// a step leaves the worker holding as much tensor memory as before it.
+func TestTrainStepHoldsMemory(t *testing.T) {
+	data, err := mnistData()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := brokertest.Run(t)
+	wk := workertest.Run(t, b, workertest.CPUs(1))
+	c, err := client.Connect(b.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	s, err := c.Open(ctx, "cpu-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(ctx)
+	train := data[0].Head(256)
+	r := &replica{s: s}
+	if r.train, err = datasets.Upload(ctx, s, train.Images, []int{train.N, 1, mnist.Rows, mnist.Cols}, train.LabelsI64(), datasets.MNISTNorm); err != nil {
+		t.Fatal(err)
+	}
+	if r.model, err = newModel(s, "mlp", 32); err != nil {
+		t.Fatal(err)
+	}
+	r.params, r.opt = r.model.Params(), nn.NewAdam(1e-3)
+	if r.ep, err = r.train.Epoch(ctx, datasets.Permutation(1, 0, train.N)); err != nil {
+		t.Fatal(err)
+	}
+	held := func(steps int) float64 {
+		t.Helper()
+		for i := range steps {
+			lo := i % 4 * 64
+			if err := trainStep([]*replica{r}, lo, lo+64); err != nil {
+				t.Fatal(err)
+			}
+		}
+		w := startWindow(ctx, []*replica{r}, 1, steps, 0, 64*steps)
+		<-w.done
+		if w.err != nil {
+			t.Fatal(w.err)
+		}
+		if err := s.Sync(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return tensorBytes(t, wk, "cpu-0")
+	}
+	first := held(2)
+	t.Logf("%v bytes held", first)
+	for range 3 {
+		if got := held(5); got != first {
+			t.Fatalf("the worker holds %v bytes after more steps, %v before", got, first)
+		}
+	}
+}
+
+// tensorBytes is the tensor memory the worker's device holds, from its
+// metrics.
+func tensorBytes(t *testing.T, w *worker.Worker, device string) float64 {
+	t.Helper()
+	var b strings.Builder
+	if err := w.WriteMetrics(&b); err != nil {
+		t.Fatal(err)
+	}
+	prefix := `jetfabric_device_tensor_bytes{device="` + device + `"} `
+	for line := range strings.Lines(b.String()) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), prefix); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("no %s in the metrics", prefix)
+	return 0
 }
 
 // TestTrainIsDeterministic: two runs from one seed, on one device and
@@ -264,7 +385,7 @@ func TestTrainDataErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
-			var stdout, stderr strings.Builder
+			var stdout, stderr output
 			code := run(context.Background(), append([]string{"train"}, tt.args...), &stdout, &stderr)
 			if code != 1 || !strings.Contains(stderr.String(), tt.want) {
 				t.Fatalf("exit %d, stderr %q: want 1 and %q", code, stderr.String(), tt.want)
