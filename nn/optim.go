@@ -2,7 +2,6 @@ package nn
 
 import (
 	"fmt"
-	"math"
 	"slices"
 
 	"github.com/jetfabric/jetfabric/client"
@@ -37,7 +36,8 @@ const (
 //	g ← g + Momentum·b if Nesterov, else b     (when Momentum ≠ 0)
 //	p ← p - LR·g
 //
-// The momentum buffers b live on the worker.
+// The momentum buffers b live on the worker. Each parameter's update is
+// one sgd_step op.
 type SGD struct {
 	LR, Momentum, Dampening, WeightDecay float64
 	Nesterov                             bool
@@ -54,26 +54,16 @@ func (o *SGD) Step(params []*Param) error {
 		o.bufs = map[*Param]*Tensor{}
 	}
 	return step(params, func(tp *tape, p *Param, g *Tensor) (*Tensor, []*Tensor) {
-		x := p.T
-		if o.WeightDecay != 0 {
-			g = tp.t(Add(g, tp.t(Mul(x, tp.c(x, o.WeightDecay)))))
-		}
-		var state []*Tensor
+		in, n := []*Tensor{p.T, g}, 1
 		if o.Momentum != 0 {
-			b := o.bufs[p]
-			if b == nil {
-				b = Mul(g, tp.c(g, 1)) // a copy: the gradient is not ours to keep
-			} else {
-				b = Add(tp.t(Mul(b, tp.c(b, o.Momentum))), tp.t(Mul(g, tp.c(g, 1-o.Dampening))))
-			}
-			state = []*Tensor{b}
-			if o.Nesterov {
-				g = tp.t(Add(g, tp.t(Mul(b, tp.c(b, o.Momentum)))))
-			} else {
-				g = b
+			n = 2
+			if b := o.bufs[p]; b != nil {
+				in = append(in, b)
 			}
 		}
-		return Sub(x, tp.t(Mul(g, tp.c(g, o.LR)))), state
+		out := applyUpdate(&opDesc{k: kernels.Op{Name: kernels.OpSGDStep, LR: o.LR, Momentum: o.Momentum,
+			Dampening: o.Dampening, WeightDecay: o.WeightDecay, Nesterov: o.Nesterov}}, n, in...)
+		return out[0], out[1:]
 	}, func(p *Param, state []*Tensor) {
 		if len(state) == 1 {
 			o.bufs[p].Free()
@@ -98,8 +88,9 @@ func (o *SGD) Free() {
 //	v ← Beta2·v + (1-Beta2)·g²
 //	p ← p - (LR/(1-Beta1ᵗ)) · m / (sqrt(v)/sqrt(1-Beta2ᵗ) + Eps)
 //
-// with m and v starting at zero and living on the worker. The bias
-// corrections are computed here in float64 and sent as scalar tensors.
+// with m and v starting at zero and living on the worker. Each parameter's
+// update is one adam_step op, which computes it in one pass as PyTorch
+// does (m by lerp, in float32 for every float dtype but float64).
 // NewAdam gives PyTorch's defaults.
 type Adam struct {
 	LR, Beta1, Beta2, Eps, WeightDecay float64
@@ -164,32 +155,16 @@ func (st *adamState) step(params []*Param, lr, beta1, beta2, eps, wd float64, de
 	}
 	return step(params, func(tp *tape, p *Param, g *Tensor) (*Tensor, []*Tensor) {
 		x := p.T
-		s := (*st)[p]
-		t := 1
-		if s != nil {
-			t = s.t + 1
-		}
-		if wd != 0 {
-			if decoupled {
-				x = tp.t(Mul(x, tp.c(x, 1-lr*wd)))
-			} else {
-				g = tp.t(Add(g, tp.t(Mul(x, tp.c(x, wd)))))
-			}
-		}
-		var m, v *Tensor
-		g2 := tp.t(Mul(g, g))
-		if s == nil {
-			m = Mul(g, tp.c(g, 1-beta1))
-			v = Mul(g2, tp.c(g2, 1-beta2))
+		t, m, v := 1, (*Tensor)(nil), (*Tensor)(nil)
+		if s := (*st)[p]; s != nil {
+			t, m, v = s.t+1, s.m, s.v
 		} else {
-			m = Add(tp.t(Mul(s.m, tp.c(g, beta1))), tp.t(Mul(g, tp.c(g, 1-beta1))))
-			v = Add(tp.t(Mul(s.v, tp.c(g, beta2))), tp.t(Mul(g2, tp.c(g, 1-beta2))))
+			m = tp.t(Full(x.Session(), x.DType(), x.Shape(), 0))
+			v = m
 		}
-		bc1 := 1 - math.Pow(beta1, float64(t))
-		bc2 := 1 - math.Pow(beta2, float64(t))
-		denom := tp.t(Add(tp.t(Div(tp.t(Sqrt(v)), tp.c(v, math.Sqrt(bc2)))), tp.c(v, eps)))
-		upd := tp.t(Mul(tp.t(Div(m, denom)), tp.c(m, lr/bc1)))
-		return Sub(x, upd), []*Tensor{m, v}
+		out := applyUpdate(&opDesc{k: kernels.Op{Name: kernels.OpAdamStep, LR: lr, Beta1: beta1, Beta2: beta2,
+			Eps: eps, WeightDecay: wd, Decoupled: decoupled, T: t}}, 3, x, g, m, v)
+		return out[0], out[1:]
 	}, func(p *Param, state []*Tensor) {
 		s := (*st)[p]
 		if s == nil {
@@ -210,6 +185,17 @@ func (st *adamState) free() {
 		s.v.Free()
 		delete(*st, p)
 	}
+}
+
+// applyUpdate enqueues an optimizer update op; its outputs are leaves
+// that record no history, as the update is not differentiated.
+func applyUpdate(d *opDesc, n int, in ...*Tensor) []*Tensor {
+	out := applyIn(nil, d, n, in...)
+	for _, t := range out {
+		t.detach()
+		t.reqGrad = false
+	}
+	return out
 }
 
 // update computes a parameter's new value and new state tensors from its

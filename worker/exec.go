@@ -285,6 +285,8 @@ func kernelOp(op *codec.Op) (*kernels.Op, error) {
 		K: op.K, Depth: op.Depth, Eps: op.Eps, P: op.P, Num: op.Num, N: op.N, M: op.M,
 		Stride: op.Stride, Padding: op.Padding, Dilation: op.Dilation, Groups: op.Groups,
 		Kernel: op.Kernel, Reduce: op.Reduce,
+		LR: op.LR, Beta1: op.Beta1, Beta2: op.Beta2, WeightDecay: op.WeightDecay,
+		Momentum: op.Momentum, Dampening: op.Dampening, Decoupled: op.Decoupled, Nesterov: op.Nesterov, T: op.T,
 	}
 	if op.DType != "" {
 		dt, err := kernels.ParseDType(op.DType)
