@@ -371,12 +371,47 @@ func matmulRule(n *node, g []*Tensor) []*Tensor {
 	}
 	out := []*Tensor{nil, nil}
 	if n.need(0) {
-		out[0] = Reshape(sumTo(Matmul(g2, Transpose(b2, -1, -2)), a2.meta.Shape), as...)
+		out[0] = reshapeTo(sumTo(Matmul(g2, transposed(b2)), a2.meta.Shape), as)
 	}
 	if n.need(1) {
-		out[1] = Reshape(sumTo(Matmul(Transpose(a2, -1, -2), g2), b2.meta.Shape), bs...)
+		out[1] = reshapeTo(sumTo(Matmul(transposed(a2), g2), b2.meta.Shape), bs)
 	}
 	return out
+}
+
+// transposed is x with its last two axes swapped. When x was made so from
+// a tensor (Linear's transposed weight), that tensor is it, and no copy is
+// made.
+func transposed(x *Tensor) *Tensor {
+	if n := x.node; n != nil && n.op.k.Name == kernels.OpPermute && len(n.in) == 1 {
+		if src := n.in[0]; src.err == nil && !src.freed && isLastSwap(n.op.k.Perm) {
+			return src
+		}
+	}
+	return Transpose(x, -1, -2)
+}
+
+// isLastSwap reports whether perm swaps the last two axes and keeps the
+// others.
+func isLastSwap(perm []int) bool {
+	r := len(perm)
+	if r < 2 || perm[r-1] != r-2 || perm[r-2] != r-1 {
+		return false
+	}
+	for i, p := range perm[:r-2] {
+		if p != i {
+			return false
+		}
+	}
+	return true
+}
+
+// reshapeTo is x reshaped to shape, or x itself when it has that shape.
+func reshapeTo(x *Tensor, shape []int) *Tensor {
+	if x.err == nil && slices.Equal(x.meta.Shape, shape) {
+		return x
+	}
+	return Reshape(x, shape...)
 }
 
 // sliceRule scatters g back into zeros of x's shape: axes sliced

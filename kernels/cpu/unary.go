@@ -165,6 +165,16 @@ func unaryFloat[T float](u unaryOp, x, y []T) {
 		for i, v := range x {
 			y[i] = T(math.Sqrt(float64(v)))
 		}
+	case kernels.OpSign:
+		for i, v := range x {
+			switch {
+			case v > 0:
+				v = 1
+			case v < 0:
+				v = -1
+			}
+			y[i] = v // ±0 and NaN stay
+		}
 	default:
 		f := u.fn
 		for i, v := range x {
