@@ -151,11 +151,10 @@ func unaryFloat[T float](u unaryOp, x, y []T) {
 			y[i] = -v
 		}
 	case kernels.OpRelu:
+		// max, not a branch: on data of random sign a branch is
+		// mispredicted half the time. NaN stays NaN.
 		for i, v := range x {
-			if v < 0 {
-				v = 0
-			}
-			y[i] = v
+			y[i] = max(v, 0)
 		}
 	case kernels.OpAbs:
 		for i, v := range x {
@@ -166,19 +165,39 @@ func unaryFloat[T float](u unaryOp, x, y []T) {
 			y[i] = T(math.Sqrt(float64(v)))
 		}
 	case kernels.OpSign:
-		for i, v := range x {
-			switch {
-			case v > 0:
-				v = 1
-			case v < 0:
-				v = -1
-			}
-			y[i] = v // ±0 and NaN stay
-		}
+		signFloat(x, y)
 	default:
 		f := u.fn
 		for i, v := range x {
 			y[i] = T(f(float64(v)))
+		}
+	}
+}
+
+// signFloat is sign on the bits, without branches that data of random
+// sign would mispredict: ±1 with x's sign bit, except that ±0 and NaN
+// stay.
+func signFloat[T float](x, y []T) {
+	switch x := any(x).(type) {
+	case []float32:
+		y := any(y).([]float32)[:len(x)]
+		for i, v := range x {
+			u := math.Float32bits(v)
+			r := u&(1<<31) | 0x3f800000
+			if a := u &^ (1 << 31); a == 0 || a > 0x7f800000 {
+				r = u
+			}
+			y[i] = math.Float32frombits(r)
+		}
+	case []float64:
+		y := any(y).([]float64)[:len(x)]
+		for i, v := range x {
+			u := math.Float64bits(v)
+			r := u&(1<<63) | 0x3ff0000000000000
+			if a := u &^ (1 << 63); a == 0 || a > 0x7ff0000000000000 {
+				r = u
+			}
+			y[i] = math.Float64frombits(r)
 		}
 	}
 }
