@@ -46,6 +46,11 @@ func runAdam[T float](in, out []*kernels.Tensor, c kernels.AdamCoefs) {
 	w1c := 1 - w1 // torch.lerp's weight for the other end
 	step, bc2, eps := T(c.StepSize), T(c.BC2Sqrt), T(c.Eps)
 	parallel(n, split(n, 12), func(lo, hi int) {
+		if pf, ok := any(p).([]float32); ok && lerpLow {
+			c := [8]float32{float32(decay), float32(w1), float32(b2), float32(w2), float32(step), float32(bc2), float32(eps), float32(l2)}
+			lo += adamVec(pf[lo:hi], any(g).([]float32)[lo:hi], any(m).([]float32)[lo:hi], any(v).([]float32)[lo:hi],
+				any(po).([]float32)[lo:hi], any(mo).([]float32)[lo:hi], any(vo).([]float32)[lo:hi], &c, l2 != 0)
+		}
 		for i := lo; i < hi; i++ {
 			pi, gi, mi, vi := p[i], g[i], m[i], v[i]
 			if l2 != 0 {
