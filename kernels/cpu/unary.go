@@ -174,17 +174,19 @@ func unaryFloat[T float](u unaryOp, x, y []T) {
 	}
 }
 
-// signFloat is sign on the bits, without branches that data of random
-// sign would mispredict: ±1 with x's sign bit, except that ±0 and NaN
-// stay.
+// signFloat is sign on the bits, without branches that the data would
+// mispredict (a relu's output is zero half the time): ±1 with x's sign
+// bit, or x itself for ±0 (the magnitude bit below is 0) and NaN.
 func signFloat[T float](x, y []T) {
 	switch x := any(x).(type) {
 	case []float32:
 		y := any(y).([]float32)[:len(x)]
 		for i, v := range x {
 			u := math.Float32bits(v)
-			r := u&(1<<31) | 0x3f800000
-			if a := u &^ (1 << 31); a == 0 || a > 0x7f800000 {
+			a := u &^ (1 << 31)
+			nz := uint32(-int32(a)) >> 31 // 1 unless a is 0
+			r := u&(1<<31) | -nz&0x3f800000
+			if a > 0x7f800000 {
 				r = u
 			}
 			y[i] = math.Float32frombits(r)
@@ -193,8 +195,10 @@ func signFloat[T float](x, y []T) {
 		y := any(y).([]float64)[:len(x)]
 		for i, v := range x {
 			u := math.Float64bits(v)
-			r := u&(1<<63) | 0x3ff0000000000000
-			if a := u &^ (1 << 63); a == 0 || a > 0x7ff0000000000000 {
+			a := u &^ (1 << 63)
+			nz := uint64(-int64(a)) >> 63
+			r := u&(1<<63) | -nz&0x3ff0000000000000
+			if a > 0x7ff0000000000000 {
 				r = u
 			}
 			y[i] = math.Float64frombits(r)
