@@ -82,9 +82,9 @@ func (g *Graph) NamedScalar(name string, v float64) Scalar {
 func (g *Graph) ScalarNames() []string { return slices.Clone(g.names) }
 
 // Bind makes attribute attr of the op that made t take scalar sc at each
-// replay. attr is one of value, low, high, mean, std, eps, p (attributes
-// that never change a shape), e.g. the value of a Full holding a learning
-// rate.
+// replay. attr is one of value, low, high, mean, std, eps, p, lr, t
+// (attributes that never change a shape), e.g. the value of a Full holding
+// a learning rate, or an adam_step's step count.
 func (g *Graph) Bind(t *Tensor, attr string, sc Scalar) error {
 	if int(sc) < 0 || int(sc) >= len(g.scalars) {
 		return fmt.Errorf("%w: scalar %d of %d", ErrInvalidArgument, sc, len(g.scalars))

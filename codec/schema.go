@@ -64,7 +64,7 @@ type Op struct {
 	// Depth is one_hot's number of classes.
 	Depth int `cbor:"depth,omitempty" json:"depth,omitempty"`
 	// Eps is added to the variance by layer_norm and rms_norm (absent or
-	// 0: 1e-5).
+	// 0: 1e-5), and to adam_step's denominator.
 	Eps float64 `cbor:"eps,omitempty" json:"eps,omitempty"`
 	// P is bernoulli's probability of a 1.
 	P float64 `cbor:"p,omitempty" json:"p,omitempty"`
@@ -84,6 +84,20 @@ type Op struct {
 	Groups int `cbor:"groups,omitempty" json:"groups,omitempty"`
 	// Kernel is a pool's window [kh, kw].
 	Kernel []int `cbor:"kernel,omitempty" json:"kernel,omitempty"`
+
+	// LR, Beta1, Beta2, WeightDecay, Decoupled and T are adam_step's
+	// learning rate, moment decay rates, weight decay (AdamW's when
+	// decoupled) and step (from 1); it reads Eps too, with no default.
+	// sgd_step reads LR, WeightDecay, Momentum, Dampening and Nesterov.
+	LR          float64 `cbor:"lr,omitempty" json:"lr,omitempty"`
+	Beta1       float64 `cbor:"beta1,omitempty" json:"beta1,omitempty"`
+	Beta2       float64 `cbor:"beta2,omitempty" json:"beta2,omitempty"`
+	WeightDecay float64 `cbor:"weight_decay,omitempty" json:"weight_decay,omitempty"`
+	Momentum    float64 `cbor:"momentum,omitempty" json:"momentum,omitempty"`
+	Dampening   float64 `cbor:"dampening,omitempty" json:"dampening,omitempty"`
+	Decoupled   bool    `cbor:"decoupled,omitempty" json:"decoupled,omitempty"`
+	Nesterov    bool    `cbor:"nesterov,omitempty" json:"nesterov,omitempty"`
+	T           int     `cbor:"t,omitempty" json:"t,omitempty"`
 
 	// Data is an upload's bytes: contiguous, row-major, little-endian.
 	Data []byte `cbor:"data,omitempty" json:"data,omitempty"`

@@ -47,7 +47,8 @@ type Op struct {
 	K int
 	// Depth is one_hot's number of classes.
 	Depth int
-	// Eps is added to the variance of layer_norm and rms_norm.
+	// Eps is added to the variance of layer_norm and rms_norm, and to
+	// adam_step's denominator.
 	Eps float64
 	// P is bernoulli's probability of a 1.
 	P float64
@@ -68,6 +69,19 @@ type Op struct {
 	Kernel []int
 	// Reduce is cross_entropy's reduction: "mean" (also ""), "sum" or "none".
 	Reduce string
+
+	// LR, Beta1, Beta2, WeightDecay, Decoupled and T are adam_step's
+	// learning rate, moment decay rates (each in [0, 1)), weight decay
+	// (added to the gradient, or with Decoupled applied to the parameter
+	// as AdamW does) and step, counted from 1, for the bias corrections;
+	// Eps is added to the denominator. sgd_step reads LR, WeightDecay,
+	// Momentum, Dampening and Nesterov (which needs a momentum and no
+	// dampening). Every value must be finite and, Dampening aside, not
+	// negative.
+	LR, Beta1, Beta2, WeightDecay float64
+	Momentum, Dampening           float64
+	Decoupled, Nesterov           bool
+	T                             int
 
 	// Seed and Key key the random generator: the session seed and the id of
 	// the op's output tensor. See Random.

@@ -8,8 +8,17 @@ import "math"
 // its first output tensor id, which the client minted, so the same program
 // draws the same numbers on every run and on replay.
 func Random(seed, key, i uint64) uint64 {
-	return mix64(mix64(seed^0x6a09e667f3bcc909) ^ mix64(key+0x9e3779b97f4a7c15) ^ (i * 0xbf58476d1ce4e5b9))
+	return RandomAt(RandomStream(seed, key), i)
 }
+
+// RandomStream and RandomAt split Random for loops over i:
+// Random(seed, key, i) == RandomAt(RandomStream(seed, key), i).
+func RandomStream(seed, key uint64) uint64 {
+	return mix64(seed^0x6a09e667f3bcc909) ^ mix64(key+0x9e3779b97f4a7c15)
+}
+
+// RandomAt is Random for the stream of RandomStream.
+func RandomAt(stream, i uint64) uint64 { return mix64(stream ^ (i * 0xbf58476d1ce4e5b9)) }
 
 // mix64 is the splitmix64 finaliser.
 func mix64(z uint64) uint64 {

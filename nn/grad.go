@@ -77,8 +77,17 @@ func Backward(loss *Tensor) error {
 			if !ok {
 				return fmt.Errorf("%w: op %s (inputs %s) has none; its result cannot be differentiated", ErrNoRule, n.op.k.Name, describe(metasOf(n.in)))
 			}
-			gin := r(n, gout)
-			for j, x := range n.in {
+			// A product with a transposed weight gives the weight's
+			// gradient directly, skipping the transpose's rule.
+			ins := n.in
+			var gin []*Tensor
+			if w, gw := matmulTransposedWeight(n, gout); w != nil {
+				gin = []*Tensor{matmulGrads(n, gout, n.need(0), false)[0], nil, gw}
+				ins = []*Tensor{n.in[0], n.in[1], w}
+			} else {
+				gin = r(n, gout)
+			}
+			for j, x := range ins {
 				if j >= len(gin) || gin[j] == nil {
 					continue
 				}

@@ -354,7 +354,10 @@ func varRule(n *node, g []*Tensor) []*Tensor {
 // matmulRule: dA = g·Bᵀ and dB = Aᵀ·g on the operands made at least
 // rank 2 (a vector a is a row, a vector b a column), summed over the
 // batch dims that broadcasting added.
-func matmulRule(n *node, g []*Tensor) []*Tensor {
+func matmulRule(n *node, g []*Tensor) []*Tensor { return matmulGrads(n, g, n.need(0), n.need(1)) }
+
+// matmulGrads is matmulRule for the inputs asked for.
+func matmulGrads(n *node, g []*Tensor, da, db bool) []*Tensor {
 	a, b := n.in[0], n.in[1]
 	as, bs := a.meta.Shape, b.meta.Shape
 	a2, b2 := a, b
@@ -370,13 +373,68 @@ func matmulRule(n *node, g []*Tensor) []*Tensor {
 		g2 = Reshape(g2, append(slices.Clone(batch), m, nn)...)
 	}
 	out := []*Tensor{nil, nil}
-	if n.need(0) {
-		out[0] = Reshape(sumTo(Matmul(g2, Transpose(b2, -1, -2)), a2.meta.Shape), as...)
+	if da {
+		out[0] = reshapeTo(sumTo(Matmul(g2, transposed(b2)), a2.meta.Shape), as)
 	}
-	if n.need(1) {
-		out[1] = Reshape(sumTo(Matmul(Transpose(a2, -1, -2), g2), b2.meta.Shape), bs...)
+	if db {
+		out[1] = reshapeTo(sumTo(Matmul(transposed(a2), g2), b2.meta.Shape), bs)
 	}
 	return out
+}
+
+// matmulTransposedWeight serves y = a·wᵀ of matrices, where wᵀ is a
+// transpose of w (a Linear layer): if w needs a gradient, it returns w and
+// dw = gᵀ·a, which is the transpose of wᵀ's gradient aᵀ·g, computed
+// without transposing a, nor the result back. Otherwise it returns nils.
+func matmulTransposedWeight(n *node, g []*Tensor) (w, gw *Tensor) {
+	if n.op.k.Name != kernels.OpMatmul || len(n.in) != 2 {
+		return nil, nil
+	}
+	a, b := n.in[0], n.in[1]
+	bn := b.node
+	if len(a.meta.Shape) != 2 || len(b.meta.Shape) != 2 || bn == nil || bn.op.k.Name != kernels.OpPermute || len(bn.in) != 1 {
+		return nil, nil
+	}
+	w = bn.in[0]
+	if !w.reqGrad || w.err != nil || w.freed || !isLastSwap(bn.op.k.Perm) {
+		return nil, nil
+	}
+	return w, Matmul(Transpose(g[0], 0, 1), a)
+}
+
+// transposed is x with its last two axes swapped. When x was made so from
+// a tensor (Linear's transposed weight), that tensor is it, and no copy is
+// made.
+func transposed(x *Tensor) *Tensor {
+	if n := x.node; n != nil && n.op.k.Name == kernels.OpPermute && len(n.in) == 1 {
+		if src := n.in[0]; src.err == nil && !src.freed && isLastSwap(n.op.k.Perm) {
+			return src
+		}
+	}
+	return Transpose(x, -1, -2)
+}
+
+// isLastSwap reports whether perm swaps the last two axes and keeps the
+// others.
+func isLastSwap(perm []int) bool {
+	r := len(perm)
+	if r < 2 || perm[r-1] != r-2 || perm[r-2] != r-1 {
+		return false
+	}
+	for i, p := range perm[:r-2] {
+		if p != i {
+			return false
+		}
+	}
+	return true
+}
+
+// reshapeTo is x reshaped to shape, or x itself when it has that shape.
+func reshapeTo(x *Tensor, shape []int) *Tensor {
+	if x.err == nil && slices.Equal(x.meta.Shape, shape) {
+		return x
+	}
+	return Reshape(x, shape...)
 }
 
 // sliceRule scatters g back into zeros of x's shape: axes sliced

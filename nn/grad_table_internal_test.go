@@ -25,6 +25,8 @@ func TestRuleTable(t *testing.T) {
 		kernels.OpMaxPool2DGrad:    "no second derivatives",
 		kernels.OpAvgPool2DGrad:    "no second derivatives",
 		kernels.OpCrossEntropyGrad: "no second derivatives",
+		kernels.OpAdamStep:         "an optimizer update, applied to leaves",
+		kernels.OpSGDStep:          "an optimizer update, applied to leaves",
 	}
 	for _, name := range kernels.OpNames() {
 		n := 0

@@ -2,7 +2,6 @@ package nn
 
 import (
 	"fmt"
-	"math"
 	"slices"
 
 	"github.com/jetfabric/jetfabric/client"
@@ -37,7 +36,8 @@ const (
 //	g ← g + Momentum·b if Nesterov, else b     (when Momentum ≠ 0)
 //	p ← p - LR·g
 //
-// The momentum buffers b live on the worker.
+// The momentum buffers b live on the worker. Each parameter's update is
+// one sgd_step op.
 type SGD struct {
 	LR, Momentum, Dampening, WeightDecay float64
 	Nesterov                             bool
@@ -54,26 +54,17 @@ func (o *SGD) Step(params []*Param) error {
 		o.bufs = map[*Param]*Tensor{}
 	}
 	return step(params, func(tp *tape, p *Param, g *Tensor) (*Tensor, []*Tensor) {
-		x := p.T
-		if o.WeightDecay != 0 {
-			g = tp.t(Add(g, tp.t(Mul(x, tp.c(x, o.WeightDecay)))))
-		}
-		var state []*Tensor
+		in, n := []*Tensor{p.T, g}, 1
 		if o.Momentum != 0 {
-			b := o.bufs[p]
-			if b == nil {
-				b = Mul(g, tp.c(g, 1)) // a copy: the gradient is not ours to keep
-			} else {
-				b = Add(tp.t(Mul(b, tp.c(b, o.Momentum))), tp.t(Mul(g, tp.c(g, 1-o.Dampening))))
-			}
-			state = []*Tensor{b}
-			if o.Nesterov {
-				g = tp.t(Add(g, tp.t(Mul(b, tp.c(b, o.Momentum)))))
-			} else {
-				g = b
+			n = 2
+			if b := o.bufs[p]; b != nil {
+				in = append(in, b)
 			}
 		}
-		return Sub(x, tp.t(Mul(g, tp.s(g, o.LR, scalarLR)))), state
+		out := applyUpdate(&opDesc{k: kernels.Op{Name: kernels.OpSGDStep, LR: o.LR, Momentum: o.Momentum,
+			Dampening: o.Dampening, WeightDecay: o.WeightDecay, Nesterov: o.Nesterov}}, n, in...)
+		out[0] = bindScalar(out[0], "lr", scalarLR, o.LR)
+		return out[0], out[1:]
 	}, func(p *Param, state []*Tensor) {
 		if len(state) == 1 {
 			o.bufs[p].Free()
@@ -98,8 +89,9 @@ func (o *SGD) Free() {
 //	v ← Beta2·v + (1-Beta2)·g²
 //	p ← p - (LR/(1-Beta1ᵗ)) · m / (sqrt(v)/sqrt(1-Beta2ᵗ) + Eps)
 //
-// with m and v starting at zero and living on the worker. The bias
-// corrections are computed here in float64 and sent as scalar tensors.
+// with m and v starting at zero and living on the worker. Each parameter's
+// update is one adam_step op, which computes it in one pass as PyTorch
+// does (m by lerp, in float32 for every float dtype but float64).
 // NewAdam gives PyTorch's defaults.
 type Adam struct {
 	LR, Beta1, Beta2, Eps, WeightDecay float64
@@ -164,32 +156,18 @@ func (st *adamState) step(params []*Param, lr, beta1, beta2, eps, wd float64, de
 	}
 	return step(params, func(tp *tape, p *Param, g *Tensor) (*Tensor, []*Tensor) {
 		x := p.T
-		s := (*st)[p]
-		t := 1
-		if s != nil {
-			t = s.t + 1
-		}
-		if wd != 0 {
-			if decoupled {
-				x = tp.t(Mul(x, tp.s(x, 1-lr*wd, scalarDecay)))
-			} else {
-				g = tp.t(Add(g, tp.t(Mul(x, tp.c(x, wd)))))
-			}
-		}
-		var m, v *Tensor
-		g2 := tp.t(Mul(g, g))
-		if s == nil {
-			m = Mul(g, tp.c(g, 1-beta1))
-			v = Mul(g2, tp.c(g2, 1-beta2))
+		t, m, v := 1, (*Tensor)(nil), (*Tensor)(nil)
+		if s := (*st)[p]; s != nil {
+			t, m, v = s.t+1, s.m, s.v
 		} else {
-			m = Add(tp.t(Mul(s.m, tp.c(g, beta1))), tp.t(Mul(g, tp.c(g, 1-beta1))))
-			v = Add(tp.t(Mul(s.v, tp.c(g, beta2))), tp.t(Mul(g2, tp.c(g, 1-beta2))))
+			m = tp.t(Full(x.Session(), x.DType(), x.Shape(), 0))
+			v = m
 		}
-		bc1 := 1 - math.Pow(beta1, float64(t))
-		bc2 := 1 - math.Pow(beta2, float64(t))
-		denom := tp.t(Add(tp.t(Div(tp.t(Sqrt(v)), tp.s(v, math.Sqrt(bc2), scalarSqrtBC2))), tp.c(v, eps)))
-		upd := tp.t(Mul(tp.t(Div(m, denom)), tp.s(m, lr/bc1, scalarLRBC1)))
-		return Sub(x, upd), []*Tensor{m, v}
+		out := applyUpdate(&opDesc{k: kernels.Op{Name: kernels.OpAdamStep, LR: lr, Beta1: beta1, Beta2: beta2,
+			Eps: eps, WeightDecay: wd, Decoupled: decoupled, T: t}}, 3, x, g, m, v)
+		out[0] = bindScalar(out[0], "lr", scalarLR, lr)
+		out[0] = bindScalar(out[0], "t", scalarT, float64(t))
+		return out[0], out[1:]
 	}, func(p *Param, state []*Tensor) {
 		s := (*st)[p]
 		if s == nil {
@@ -210,6 +188,33 @@ func (st *adamState) free() {
 		s.v.Free()
 		delete(*st, p)
 	}
+}
+
+// bindScalar, while a Step is being captured, makes attribute attr of the
+// op that made t take the named scalar placeholder (v now), so that each
+// replay sets it afresh (the learning rate, Adam's step count). Outside a
+// capture it returns t as it is.
+func bindScalar(t *Tensor, attr, name string, v float64) *Tensor {
+	if t.Err() != nil {
+		return t
+	}
+	if g := t.Session().Graph(); g != nil {
+		if err := g.Bind(t.Client(), attr, g.NamedScalar(name, v)); err != nil {
+			return failed(t.Session(), fmt.Errorf("nn: scalar %s: %w", name, err))
+		}
+	}
+	return t
+}
+
+// applyUpdate enqueues an optimizer update op; its outputs are leaves
+// that record no history, as the update is not differentiated.
+func applyUpdate(d *opDesc, n int, in ...*Tensor) []*Tensor {
+	out := applyIn(nil, d, n, in...)
+	for _, t := range out {
+		t.detach()
+		t.reqGrad = false
+	}
+	return out
 }
 
 // update computes a parameter's new value and new state tensors from its
@@ -319,10 +324,9 @@ type tape struct {
 }
 
 type constKey struct {
-	s    *client.Session
-	dt   kernels.DType
-	v    float64
-	name string
+	s  *client.Session
+	dt kernels.DType
+	v  float64
 }
 
 // t records x as an intermediate and returns it.
@@ -336,7 +340,7 @@ func (tp *tape) c(like *Tensor, v float64) *Tensor {
 	if like.Err() != nil {
 		return like
 	}
-	k := constKey{s: like.Session(), dt: like.DType(), v: v}
+	k := constKey{like.Session(), like.DType(), v}
 	if c, ok := tp.consts[k]; ok {
 		return c
 	}
@@ -344,30 +348,6 @@ func (tp *tape) c(like *Tensor, v float64) *Tensor {
 		tp.consts = map[constKey]*Tensor{}
 	}
 	c := Full(k.s, k.dt, nil, v)
-	tp.consts[k] = c
-	return c
-}
-
-// s is a scalar tensor holding v, of like's dtype and session, that may
-// change from step to step: in a captured step (see Step) its value is the
-// graph's scalar placeholder called name.
-func (tp *tape) s(like *Tensor, v float64, name string) *Tensor {
-	if like.Err() != nil {
-		return like
-	}
-	k := constKey{s: like.Session(), dt: like.DType(), name: name}
-	if c, ok := tp.consts[k]; ok {
-		return c
-	}
-	if tp.consts == nil {
-		tp.consts = map[constKey]*Tensor{}
-	}
-	c := Full(k.s, k.dt, nil, v)
-	if g := k.s.Graph(); g != nil && c.Err() == nil {
-		if err := g.Bind(c.Client(), "value", g.NamedScalar(name, v)); err != nil {
-			c = failed(k.s, fmt.Errorf("nn: scalar %s: %w", name, err))
-		}
-	}
 	tp.consts[k] = c
 	return c
 }

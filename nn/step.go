@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"math"
 
 	"github.com/jetfabric/jetfabric/client"
 	"github.com/jetfabric/jetfabric/kernels"
@@ -12,10 +11,8 @@ import (
 
 // Names of the scalar placeholders an optimizer's captured update takes.
 const (
-	scalarLR      = "lr"            // SGD's learning rate
-	scalarLRBC1   = "adam.lr_bc1"   // Adam's LR / (1 - Beta1^t)
-	scalarSqrtBC2 = "adam.sqrt_bc2" // Adam's sqrt(1 - Beta2^t)
-	scalarDecay   = "adamw.decay"   // AdamW's 1 - LR·WeightDecay
+	scalarLR = "lr"     // the learning rate of every optimizer
+	scalarT  = "adam.t" // Adam's step count, for its bias corrections
 )
 
 // LossFunc computes a training step's loss from a batch, reading the
@@ -356,12 +353,10 @@ func (st *adamState) scalar(name string, params []*Param, lr, beta1, beta2, wd f
 		t = (*st)[params[0]].t + 1
 	}
 	switch name {
-	case scalarLRBC1:
-		return lr / (1 - math.Pow(beta1, float64(t))), nil
-	case scalarSqrtBC2:
-		return math.Sqrt(1 - math.Pow(beta2, float64(t))), nil
-	case scalarDecay:
-		return 1 - lr*wd, nil
+	case scalarLR:
+		return lr, nil
+	case scalarT:
+		return float64(t), nil
 	}
 	return 0, fmt.Errorf("%w: Adam has no scalar %q", ErrInvalidArgument, name)
 }

@@ -70,6 +70,8 @@ func (d *opDesc) wire() codec.Op {
 		K: k.K, Depth: k.Depth, Eps: k.Eps, P: k.P, Num: k.Num, N: k.N, M: k.M,
 		Stride: k.Stride, Padding: k.Padding, Dilation: k.Dilation, Groups: k.Groups,
 		Kernel: k.Kernel, Reduce: k.Reduce,
+		LR: k.LR, Beta1: k.Beta1, Beta2: k.Beta2, WeightDecay: k.WeightDecay,
+		Momentum: k.Momentum, Dampening: k.Dampening, Decoupled: k.Decoupled, Nesterov: k.Nesterov, T: k.T,
 	}
 	if k.DType != kernels.Invalid {
 		w.DType = k.DType.String()

@@ -254,9 +254,11 @@ func (x *exec) compute(op *codec.Op) error {
 	if err := x.claim(op, len(outMetas)); err != nil {
 		return err
 	}
+	// Exec writes every element of its outputs (the conformance suite
+	// poisons them first), so they need no clearing.
 	out := make([]*kernels.Tensor, len(outMetas))
 	for j, m := range outMetas {
-		if out[j], err = x.alloc(m); err != nil {
+		if out[j], err = x.allocFilled(m); err != nil {
 			x.release(out[:j])
 			return err
 		}
@@ -289,6 +291,8 @@ func kernelOp(op *codec.Op) (*kernels.Op, error) {
 		K: op.K, Depth: op.Depth, Eps: op.Eps, P: op.P, Num: op.Num, N: op.N, M: op.M,
 		Stride: op.Stride, Padding: op.Padding, Dilation: op.Dilation, Groups: op.Groups,
 		Kernel: op.Kernel, Reduce: op.Reduce,
+		LR: op.LR, Beta1: op.Beta1, Beta2: op.Beta2, WeightDecay: op.WeightDecay,
+		Momentum: op.Momentum, Dampening: op.Dampening, Decoupled: op.Decoupled, Nesterov: op.Nesterov, T: op.T,
 	}
 	if op.DType != "" {
 		dt, err := kernels.ParseDType(op.DType)

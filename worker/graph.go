@@ -127,16 +127,19 @@ func (q *planned) add(op codec.Op, origin int, binds []codec.Bind) {
 	q.binds = append(q.binds, binds)
 }
 
-// graphAttrs are the attributes a scalar placeholder may set: floats that
-// never change a shape.
-var graphAttrs = map[string]func(*codec.Op) *float64{
-	"value": func(o *codec.Op) *float64 { return &o.Value },
-	"low":   func(o *codec.Op) *float64 { return &o.Low },
-	"high":  func(o *codec.Op) *float64 { return &o.High },
-	"mean":  func(o *codec.Op) *float64 { return &o.Mean },
-	"std":   func(o *codec.Op) *float64 { return &o.Std },
-	"eps":   func(o *codec.Op) *float64 { return &o.Eps },
-	"p":     func(o *codec.Op) *float64 { return &o.P },
+// graphAttrs are the attributes a scalar placeholder may set: numbers that
+// never change a shape. t, an integer, takes the scalar truncated toward
+// zero; adam_step checks it like any t.
+var graphAttrs = map[string]func(o *codec.Op, v float64){
+	"value": func(o *codec.Op, v float64) { o.Value = v },
+	"low":   func(o *codec.Op, v float64) { o.Low = v },
+	"high":  func(o *codec.Op, v float64) { o.High = v },
+	"mean":  func(o *codec.Op, v float64) { o.Mean = v },
+	"std":   func(o *codec.Op, v float64) { o.Std = v },
+	"eps":   func(o *codec.Op, v float64) { o.Eps = v },
+	"p":     func(o *codec.Op, v float64) { o.P = v },
+	"lr":    func(o *codec.Op, v float64) { o.LR = v },
+	"t":     func(o *codec.Op, v float64) { o.T = int(max(min(v, 1<<40), -1)) },
 }
 
 // graphRun is the replay in progress, for naming the op of an error.
@@ -195,7 +198,7 @@ func (x *exec) replay(i int, op *codec.Op) error {
 		}
 		o.In, o.Out = buf[:nIn:nIn], buf[nIn:]
 		for _, b := range q.binds[k] {
-			*graphAttrs[b.Attr](&o) = op.Scalars[b.Scalar]
+			graphAttrs[b.Attr](&o, op.Scalars[b.Scalar])
 		}
 		run.origin = q.origin[k]
 		x.op(i, &o)
@@ -226,7 +229,7 @@ func (x *exec) replayFused(f fuser, p *graphPlan, op *codec.Op, ids []uint64, i 
 		}
 		o.In, o.Out = in, out
 		for _, b := range q.binds[k] {
-			*graphAttrs[b.Attr](&o) = op.Scalars[b.Scalar]
+			graphAttrs[b.Attr](&o, op.Scalars[b.Scalar])
 		}
 		ops[k] = o
 	}
@@ -398,7 +401,7 @@ func compile(name string, data []byte, lim kernels.Limits) (*graphPlan, error) {
 		case b.Op < 0 || b.Op >= len(g.Ops):
 			return nil, bad("a bind names op %d of %d", b.Op, len(g.Ops))
 		case graphAttrs[b.Attr] == nil:
-			return nil, bad("op %d: attribute %q cannot take a scalar (value, low, high, mean, std, eps, p can)", b.Op, b.Attr)
+			return nil, bad("op %d: attribute %q cannot take a scalar (value, low, high, mean, std, eps, p, lr, t can)", b.Op, b.Attr)
 		case b.Scalar < 0 || b.Scalar >= g.Scalars:
 			return nil, bad("op %d: scalar %d of %d", b.Op, b.Scalar, g.Scalars)
 		}

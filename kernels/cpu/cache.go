@@ -4,7 +4,7 @@ import "sync"
 
 // minCached is the smallest buffer, in 8-byte words, that Free keeps for
 // reuse: smaller ones are cheap to allocate fresh.
-const minCached = (1 << 20) / 8
+const minCached = (64 << 10) / 8
 
 // cache keeps freed large allocations by size, up to a bound in bytes.
 // Tensors tend to repeat their sizes (the same shapes every step of a

@@ -161,12 +161,32 @@ func execBernoulli(b *Backend, op *kernels.Op, in, out []*kernels.Tensor) error 
 	}
 	y := out[0]
 	yd := data(y)
-	for i := range y.Numel() {
-		v := 0.0
-		if kernels.UniformAt(op.Seed, op.Key, uint64(i), 0, 1) < op.P {
-			v = 1
+	n := y.Numel()
+	switch y.DType {
+	case kernels.Float32:
+		bernoulli(view[float32](yd, n), op.Seed, op.Key, op.P)
+	case kernels.Float64:
+		bernoulli(view[float64](yd, n), op.Seed, op.Key, op.P)
+	default:
+		for i := range n {
+			v := 0.0
+			if kernels.UniformAt(op.Seed, op.Key, uint64(i), 0, 1) < op.P {
+				v = 1
+			}
+			kernels.PutValue(y.DType, yd, i, v)
 		}
-		kernels.PutValue(y.DType, yd, i, v)
 	}
 	return nil
+}
+
+// bernoulli fills y with the draws of kernels.UniformAt(seed, key, i, 0,
+// 1) < p as 0 or 1 (the same bits), in parallel, without a branch on the
+// draw.
+func bernoulli[T float](y []T, seed, key uint64, p float64) {
+	s := kernels.RandomStream(seed, key)
+	parallel(len(y), split(len(y), 8), func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			y[i] = T(b2u(kernels.Uniform01(kernels.RandomAt(s, uint64(i))) < p))
+		}
+	})
 }

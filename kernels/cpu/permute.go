@@ -137,6 +137,10 @@ func permuteTasks[T any](t *transpose, dst, src []T, lo, hi int) {
 			}
 			continue
 		}
+		if s0 == 1 && i1-i0 == tile {
+			transposeRows(dst[o:], src[base:], i0, d1, s1)
+			continue
+		}
 		for j0 := 0; j0 < d1; j0 += tile {
 			j1 := min(j0+tile, d1)
 			for i := i0; i < i1; i++ {
@@ -146,6 +150,35 @@ func permuteTasks[T any](t *transpose, dst, src []T, lo, hi int) {
 					row[j] = src[si]
 					si += s1
 				}
+			}
+		}
+	}
+}
+
+// transposeRows writes rows [i0, i0+tile) of dst (row length d1) from the
+// columns i0.. of src (row length s1): dst[i][j] = src[j][i]. It moves
+// 4×4 blocks through registers, reading four source rows and writing four
+// destination rows at a time.
+func transposeRows[T any](dst, src []T, i0, d1, s1 int) {
+	for i := i0; i < i0+tile; i += 4 {
+		j := 0
+		for ; j+4 <= d1; j += 4 {
+			a := src[j*s1+i : j*s1+i+4 : j*s1+i+4]
+			b := src[(j+1)*s1+i : (j+1)*s1+i+4 : (j+1)*s1+i+4]
+			c := src[(j+2)*s1+i : (j+2)*s1+i+4 : (j+2)*s1+i+4]
+			d := src[(j+3)*s1+i : (j+3)*s1+i+4 : (j+3)*s1+i+4]
+			r0 := dst[i*d1+j : i*d1+j+4 : i*d1+j+4]
+			r1 := dst[(i+1)*d1+j : (i+1)*d1+j+4 : (i+1)*d1+j+4]
+			r2 := dst[(i+2)*d1+j : (i+2)*d1+j+4 : (i+2)*d1+j+4]
+			r3 := dst[(i+3)*d1+j : (i+3)*d1+j+4 : (i+3)*d1+j+4]
+			r0[0], r0[1], r0[2], r0[3] = a[0], b[0], c[0], d[0]
+			r1[0], r1[1], r1[2], r1[3] = a[1], b[1], c[1], d[1]
+			r2[0], r2[1], r2[2], r2[3] = a[2], b[2], c[2], d[2]
+			r3[0], r3[1], r3[2], r3[3] = a[3], b[3], c[3], d[3]
+		}
+		for ; j < d1; j++ {
+			for k := i; k < i+4; k++ {
+				dst[k*d1+j] = src[j*s1+k]
 			}
 		}
 	}

@@ -181,6 +181,9 @@ func maxPool[T float](g *poolGeom, y, x []T) {
 }
 
 func maxPoolGrad[T float](g *poolGeom, dx, dy, x, val []T, key []uint64, idx []int) {
+	if fast2x2 && maxPoolGrad2x2(g, dx, dy, x) {
+		return
+	}
 	clear(dx)
 	for oh := range g.OH {
 		maxRow(g, x, oh, val)

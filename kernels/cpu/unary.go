@@ -151,11 +151,10 @@ func unaryFloat[T float](u unaryOp, x, y []T) {
 			y[i] = -v
 		}
 	case kernels.OpRelu:
+		// max, not a branch: on data of random sign a branch is
+		// mispredicted half the time. NaN stays NaN.
 		for i, v := range x {
-			if v < 0 {
-				v = 0
-			}
-			y[i] = v
+			y[i] = max(v, 0)
 		}
 	case kernels.OpAbs:
 		for i, v := range x {
@@ -165,10 +164,44 @@ func unaryFloat[T float](u unaryOp, x, y []T) {
 		for i, v := range x {
 			y[i] = T(math.Sqrt(float64(v)))
 		}
+	case kernels.OpSign:
+		signFloat(x, y)
 	default:
 		f := u.fn
 		for i, v := range x {
 			y[i] = T(f(float64(v)))
+		}
+	}
+}
+
+// signFloat is sign on the bits, without branches that the data would
+// mispredict (a relu's output is zero half the time): ±1 with x's sign
+// bit, or x itself for ±0 (the magnitude bit below is 0) and NaN.
+func signFloat[T float](x, y []T) {
+	switch x := any(x).(type) {
+	case []float32:
+		y := any(y).([]float32)[:len(x)]
+		for i, v := range x {
+			u := math.Float32bits(v)
+			a := u &^ (1 << 31)
+			nz := uint32(-int32(a)) >> 31 // 1 unless a is 0
+			r := u&(1<<31) | -nz&0x3f800000
+			if a > 0x7f800000 {
+				r = u
+			}
+			y[i] = math.Float32frombits(r)
+		}
+	case []float64:
+		y := any(y).([]float64)[:len(x)]
+		for i, v := range x {
+			u := math.Float64bits(v)
+			a := u &^ (1 << 63)
+			nz := uint64(-int64(a)) >> 63
+			r := u&(1<<63) | -nz&0x3ff0000000000000
+			if a > 0x7ff0000000000000 {
+				r = u
+			}
+			y[i] = math.Float64frombits(r)
 		}
 	}
 }

@@ -228,6 +228,8 @@ func (b *Backend) exec(op *kernels.Op, in, out []*kernels.Tensor) error {
 		return b.movement(op, inM, want, inB, outB)
 	case isNN(name):
 		return b.nn(op, inM, want[0], inB, outB[0])
+	case name == kernels.OpAdamStep || name == kernels.OpSGDStep:
+		return b.optimStep(op, inM, inB, outB)
 	}
 	return fmt.Errorf("%w: %s", kernels.ErrNotImplemented, op.Name)
 }

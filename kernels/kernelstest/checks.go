@@ -154,6 +154,7 @@ func testExecErrors(s *suite) {
 	}
 	movementExecErrors(s)
 	nnExecErrors(s)
+	optimExecErrors(s)
 }
 
 // safeExec runs Exec, recovering a panic.

@@ -368,6 +368,24 @@ func opString(op *kernels.Op) string {
 	if op.Reduce != "" {
 		fmt.Fprintf(&b, " reduce=%s", op.Reduce)
 	}
+	for _, a := range []struct {
+		name string
+		v    float64
+	}{{"lr", op.LR}, {"beta1", op.Beta1}, {"beta2", op.Beta2}, {"weight_decay", op.WeightDecay},
+		{"momentum", op.Momentum}, {"dampening", op.Dampening}} {
+		if a.v != 0 {
+			fmt.Fprintf(&b, " %s=%v", a.name, a.v)
+		}
+	}
+	if op.T != 0 {
+		fmt.Fprintf(&b, " t=%d", op.T)
+	}
+	if op.Decoupled {
+		b.WriteString(" decoupled")
+	}
+	if op.Nesterov {
+		b.WriteString(" nesterov")
+	}
 	return b.String()
 }
 
