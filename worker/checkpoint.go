@@ -196,6 +196,7 @@ func (d *device) restore(ctx context.Context) (uint64, error) {
 			}
 			s.tensors[ct.ID] = entry{t: &kernels.Tensor{Meta: m, Buf: buf}}
 			s.bytes += int64(buf.Bytes())
+			d.mem.held.Add(int64(buf.Bytes()))
 		}
 		d.sessions[cs.ID] = s
 	}

@@ -33,12 +33,20 @@ type device struct {
 	// loopAt is when the loop last came round (unix ns), for health.
 	loopAt atomic.Int64
 	m      metrics
+	// mem accounts tensor memory against the device's budget; sessBytes
+	// is each session's share as of the last housekeeping.
+	mem       memory
+	sessBytes atomic.Pointer[[]sessionBytes]
 
 	// loop is held while a frame runs and while run keeps house.
 	loop sync.Mutex
 	// lastCkpt and idleCheck: when the loop last checkpointed on its
 	// interval and last looked for idle sessions. Under loop.
 	lastCkpt, idleCheck time.Time
+	// lastFrame is when the loop last ran a frame; trimmed, whether the
+	// backend's cache was trimmed since (see trimIdle). Under loop.
+	lastFrame time.Time
+	trimmed   bool
 
 	mu    sync.Mutex
 	feed  *feed
@@ -77,7 +85,20 @@ type device struct {
 }
 
 func newDevice(w *Worker, cfg Device) *device {
-	return &device{w: w, cfg: cfg, sessions: map[string]*session{}, started: time.Now().UTC()}
+	d := &device{w: w, cfg: cfg, sessions: map[string]*session{}, started: time.Now().UTC()}
+	switch {
+	case cfg.Budget > 0:
+		d.mem.budget = cfg.Budget
+	case cfg.Budget == 0:
+		host := 0
+		for _, c := range w.cfg.Devices {
+			if c.Kind != "gpu" {
+				host++
+			}
+		}
+		d.mem.budget = defaultBudget(cfg, w.cfg.MemoryFraction, host)
+	}
+	return d
 }
 
 // serve owns the device's lifecycle: take the lease (waiting as a standby
@@ -246,11 +267,11 @@ func (d *device) stepDown(release bool) {
 		cancel()
 	}
 	for id, s := range d.sessions {
-		s.freeAll(d.cfg.Backend)
+		s.freeAll(d)
 		delete(d.sessions, id)
 	}
 	d.sessionCount.Store(0)
-	d.m.tensorBytes.Store(0)
+	d.noteSessions()
 	d.applied.Store(0)
 	d.ckptSeq, d.ckptObject, d.ckptWanted = 0, "", false
 	d.consumed = nil
@@ -304,7 +325,9 @@ func (d *device) frame(msg jetstream.Msg, md *jetstream.MsgMetadata) {
 	d.loop.Lock()
 	defer d.loop.Unlock()
 	d.handle(msg, md)
-	d.housekeep(time.Now())
+	now := time.Now()
+	d.lastFrame, d.trimmed = now, false
+	d.housekeep(now)
 }
 
 // housekeep checkpoints when an op asked for it or the interval is up,
@@ -319,8 +342,11 @@ func (d *device) housekeep(now time.Time) {
 		}
 		cancel()
 	}
+	d.drainFrees()
 	if now.Sub(d.idleCheck) >= time.Second {
 		d.evictIdle(now)
+		d.noteSessions()
+		d.trimIdle(now)
 		d.idleCheck = now
 		d.loopAt.Store(now.UnixNano())
 	}
@@ -338,11 +364,11 @@ func (d *device) halt() {
 // close frees every session and closes the backend. Called after run returned.
 func (d *device) close() {
 	for id, s := range d.sessions {
-		s.freeAll(d.cfg.Backend)
+		s.freeAll(d)
 		delete(d.sessions, id)
 	}
 	d.sessionCount.Store(0)
-	d.m.tensorBytes.Store(0)
+	d.noteSessions()
 	if c, ok := d.cfg.Backend.(io.Closer); ok {
 		_ = c.Close()
 	}
@@ -355,9 +381,8 @@ func (d *device) evictIdle(now time.Time) {
 	}
 	for id, s := range d.sessions {
 		if now.Sub(s.last) > limit {
-			d.m.tensorBytes.Add(-s.bytes)
 			d.w.logf("worker: %s: session %s idle for %v, freeing %d tensors", d.cfg.Name, id, now.Sub(s.last).Round(time.Second), len(s.tensors))
-			s.freeAll(d.cfg.Backend)
+			s.freeAll(d)
 			delete(d.sessions, id)
 		}
 	}
@@ -429,7 +454,7 @@ func (d *device) handle(msg jetstream.Msg, md *jetstream.MsgMetadata) {
 		return
 	}
 	x := exec{d: d, s: s, seq: seq, reply: reply, enc: enc}
-	start, mem, n, closed := time.Now(), s.bytes, 0, false
+	start, n, closed := time.Now(), 0, false
 	f, _ := d.cfg.Backend.(fuser)
 	var uses map[uint64][]int
 	if f != nil && !d.w.cfg.NoFusion {
@@ -445,7 +470,7 @@ func (d *device) handle(msg jetstream.Msg, md *jetstream.MsgMetadata) {
 		closed = x.op(n, &frame.Ops[n])
 		n++
 	}
-	d.m.frameDone(n, time.Since(start), s.bytes-mem, &x.io)
+	d.m.frameDone(n, time.Since(start), &x.io)
 	if closed {
 		delete(d.sessions, sid)
 		d.sessionCount.Store(int64(len(d.sessions)))

@@ -136,7 +136,7 @@ func (v *topView) render(ctx context.Context, w io.Writer, devs []client.Device,
 	}
 	wg.Wait()
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "DEVICE\tKIND\tSTATE\tWORKER\tSESSIONS\tAPPLIED\tLAG\tOPS/S\tOPS\tHEARTBEAT\n")
+	fmt.Fprintf(tw, "DEVICE\tKIND\tSTATE\tWORKER\tSESSIONS\tMEMORY\tAPPLIED\tLAG\tOPS/S\tOPS\tHEARTBEAT\n")
 	for _, d := range devs {
 		state := d.State
 		if d.State == "serving" && !client.Live(d, now) {
@@ -147,8 +147,8 @@ func (v *topView) render(ctx context.Context, w io.Writer, devs []client.Device,
 			rate = strconv.FormatFloat(float64(d.Ops-p.ops)/now.Sub(p.at).Seconds(), 'f', 0, 64)
 		}
 		v.prev[d.Name] = topSample{worker: d.Worker, ops: d.Ops, at: now}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%d\t%v ago\n", d.Name, d.Kind, state, d.Worker,
-			d.Sessions, d.Applied, d.Lag, rate, d.Ops, now.Sub(d.Beat).Round(100*time.Millisecond))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%d\t%d\t%s\t%d\t%v ago\n", d.Name, d.Kind, state, d.Worker,
+			d.Sessions, memoryText(d), d.Applied, d.Lag, rate, d.Ops, now.Sub(d.Beat).Round(100*time.Millisecond))
 	}
 	tw.Flush()
 	if v.tel != nil && len(liveGPUs(devs, now)) > 0 {

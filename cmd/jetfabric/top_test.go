@@ -74,12 +74,12 @@ func TestTopPlain(t *testing.T) {
 			rows = append(rows, strings.Fields(l)...)
 		}
 	}
-	// cpu-0 cpu serving top-test 1 <applied> 0 <ops/s> <ops> ...: twice.
-	if len(rows) < 20 || rows[2] != "serving" || rows[3] != "top-test" || rows[4] != "1" || rows[8] != "102" {
+	// cpu-0 cpu serving top-test 1 <memory/budget> <applied> 0 <ops/s> <ops> ...: twice.
+	if len(rows) < 22 || rows[2] != "serving" || rows[3] != "top-test" || rows[4] != "1" || !strings.Contains(rows[5], "/") || rows[9] != "102" {
 		t.Errorf("rows %q", rows)
 	}
-	if rows[7] != "-" { // no rate before a second refresh
-		t.Errorf("first ops/s %q, want -", rows[7])
+	if rows[8] != "-" { // no rate before a second refresh
+		t.Errorf("first ops/s %q, want -", rows[8])
 	}
 
 	if code := run(context.Background(), []string{"top", "--interval", "1ms"}, &stdout, &stderr); code != 1 {
