@@ -19,6 +19,7 @@ type options struct {
 	window        int
 	frameCheck    time.Duration
 	objectTimeout time.Duration
+	heartbeat     time.Duration
 }
 
 func defaultOptions() options {
@@ -31,6 +32,21 @@ func defaultOptions() options {
 		window:        256,
 		frameCheck:    200 * time.Millisecond,
 		objectTimeout: 5 * time.Second,
+		heartbeat:     30 * time.Second,
+	}
+}
+
+// WithHeartbeat sets how often the client tells the workers that its open
+// sessions are alive (default 30s; 0: never). A worker frees a session
+// that sent no frame and no heartbeat for its idle timeout (10 minutes by
+// default), so the interval must be well under that timeout.
+func WithHeartbeat(d time.Duration) Option {
+	return func(o *options) error {
+		if d < 0 {
+			return fmt.Errorf("%w: heartbeat %v", ErrInvalidOption, d)
+		}
+		o.heartbeat = d
+		return nil
 	}
 }
 

@@ -483,6 +483,10 @@ func (s *Session) collect(remote []codec.Error) error {
 	s.errs = nil
 	s.mu.Unlock()
 	for i := range remote {
+		if remote[i].Code == codec.CodeSessionFreed {
+			errs = append(errs, fmt.Errorf("%w: %w", ErrSessionFreed, &remote[i]))
+			continue
+		}
 		errs = append(errs, &remote[i])
 	}
 	return errors.Join(errs...)

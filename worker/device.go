@@ -37,6 +37,10 @@ type device struct {
 	// is each session's share as of the last housekeeping.
 	mem       memory
 	sessBytes atomic.Pointer[[]sessionBytes]
+	// live: the clients' heartbeats (under aliveMu) and the sessions
+	// freed as idle (loop only).
+	aliveMu sync.Mutex
+	live    liveness
 
 	// loop is held while a frame runs and while run keeps house.
 	loop sync.Mutex
@@ -109,6 +113,13 @@ func (d *device) serve(ready chan<- error) {
 	w := d.w
 	once := sync.OnceFunc(func() { ready <- nil })
 	defer once()
+	// Heartbeats are recorded whether the device serves or stands by:
+	// a standby that takes over knows which clients are alive.
+	if sub, err := w.nc.Subscribe(w.names.AliveDevice(d.cfg.Name), d.onAlive); err != nil {
+		w.logf("worker: %s: subscribe to session heartbeats: %v", d.cfg.Name, err)
+	} else {
+		defer func() { _ = sub.Unsubscribe() }()
+	}
 	for {
 		actx, acancel := w.ctx, context.CancelFunc(func() {})
 		if d.adopting {
@@ -275,6 +286,7 @@ func (d *device) stepDown(release bool) {
 	d.applied.Store(0)
 	d.ckptSeq, d.ckptObject, d.ckptWanted = 0, "", false
 	d.consumed = nil
+	d.live.freed, d.live.order = nil, nil
 }
 
 func (d *device) currentLease() *lease {
@@ -380,12 +392,14 @@ func (d *device) evictIdle(now time.Time) {
 		return
 	}
 	for id, s := range d.sessions {
-		if now.Sub(s.last) > limit {
-			d.w.logf("worker: %s: session %s idle for %v, freeing %d tensors", d.cfg.Name, id, now.Sub(s.last).Round(time.Second), len(s.tensors))
+		if seen := d.lastSeen(s); now.Sub(seen) > limit {
+			d.w.logf("worker: %s: session %s idle for %v, freeing %d tensors", d.cfg.Name, id, now.Sub(seen).Round(time.Second), len(s.tensors))
 			s.freeAll(d)
 			delete(d.sessions, id)
+			d.noteFreed(id, now)
 		}
 	}
+	d.forgetBeats(now, limit)
 	d.sessionCount.Store(int64(len(d.sessions)))
 }
 
@@ -428,6 +442,11 @@ func (d *device) handle(msg jetstream.Msg, md *jetstream.MsgMetadata) {
 	}
 	s, ok := d.sessions[sid]
 	if !ok {
+		if at, freed := d.wasFreed(sid); freed {
+			d.m.frames.Add(1)
+			d.refuseFreed(msg.Data(), seq, reply, enc, encErr, sid, at)
+			return
+		}
 		if len(d.sessions) >= d.w.cfg.Limits.MaxSessions {
 			fail(codec.CodeLimit, "device %s has %d sessions, the limit", d.cfg.Name, len(d.sessions))
 			return

@@ -39,6 +39,10 @@
 // so `nats micro list` and `nats micro info` show the fabric's workers.
 //
 // Sessions are freed when the client closes them or when they have been
-// idle past Config.IdleTimeout. Stop ends every device loop, marks the
+// idle past Config.IdleTimeout: no frame, and no heartbeat from the client
+// on fabric.alive.<device>.<session> (liveness.go). A frame of a session
+// freed as idle is answered with session_freed. The tensors of all the
+// sessions of a device share its memory budget (memory.go); an op that
+// would pass it fails with resource_exhausted. Stop ends every device loop, marks the
 // devices stopped in the registry and waits for its goroutines.
 package worker

@@ -15,6 +15,7 @@ var errorCodes = [...]string{
 	codec.CodeMalformed, codec.CodeVersion, codec.CodeUnknownOp, codec.CodeArity, codec.CodeShape,
 	codec.CodeDType, codec.CodeAttr, codec.CodeUnknownID, codec.CodeFailedID, codec.CodeDuplicate,
 	codec.CodeTooLarge, codec.CodeLimit, codec.CodeInternal, codec.CodeUnavailabe,
+	codec.CodeResourceExhausted, codec.CodeSessionFreed,
 }
 
 // metrics are one device's counters. The device loop updates them once a
