@@ -2,26 +2,45 @@ package worker
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetfabric/jetfabric/codec"
 	"github.com/jetfabric/jetfabric/kernels"
+	"github.com/jetfabric/jetfabric/objectstore"
 	"github.com/jetfabric/jetfabric/subjects"
 )
 
 // A checkpoint is a device's every session at one stream sequence: each
-// session's seed, unreported errors, failed ids and tensors. The tensors'
-// bytes and a manifest are written as one object in FABRIC_CKPT; then the
-// key ckpt.<device> is written, fenced on the device lease, naming the
-// object; then the device's frames up to that sequence are purged from
-// FABRIC_OPS and the previous checkpoint object is deleted. A new owner
-// restores the last committed checkpoint and replays the frames after it.
+// session's seed, unreported errors, failed ids and tensors, and the
+// sessions freed as idle. It is written while the device goes on running
+// frames, and incrementally:
+//
+//   - The device loop takes a snapshot, in O(tensors): tensors are
+//     immutable once written, so the snapshot holds references, not
+//     copies. Small tensors are copied into the manifest; a large tensor
+//     already in the last committed checkpoint is named by its digest; a
+//     new large one is pinned (a free waits until the writer is done with
+//     it, see memory.go), or, on a backend whose memory the host cannot
+//     read, downloaded by the loop.
+//   - A writer goroutine hashes each new large tensor and writes it as the
+//     object ckpt-<device>-t-<sha256> in FABRIC_CKPT, unless an object of
+//     that digest is already there; then the manifest as
+//     ckpt-<device>-<seq>; then the key ckpt.<device>, fenced on the
+//     device lease, naming the manifest. Then the device's frames up to
+//     that sequence are purged from FABRIC_OPS, and the previous manifest
+//     and the tensor objects it alone named are deleted.
+//
+// One checkpoint is written at a time. A new owner restores the last
+// committed checkpoint and replays the frames after it.
 
 // checkpointRef is the value of ckpt.<device>.
 type checkpointRef struct {
@@ -39,6 +58,8 @@ type ckptManifest struct {
 	Device   string        `cbor:"device"`
 	Seq      uint64        `cbor:"seq"`
 	Sessions []ckptSession `cbor:"sessions"`
+	// Freed are the sessions freed as idle (version 2).
+	Freed []string `cbor:"freed,omitempty"`
 }
 
 type ckptSession struct {
@@ -49,11 +70,15 @@ type ckptSession struct {
 	Failed  []ckptFailed  `cbor:"failed,omitempty"`
 }
 
+// ckptTensor is one tensor: in version 1 at Offset in the blob after the
+// manifest; in version 2 inline (Data) or in the object of its digest.
 type ckptTensor struct {
 	ID     uint64 `cbor:"id"`
 	DType  uint8  `cbor:"dtype"`
 	Shape  []int  `cbor:"shape"`
-	Offset int64  `cbor:"off"`
+	Offset int64  `cbor:"off,omitempty"`
+	Digest string `cbor:"sha,omitempty"`
+	Data   []byte `cbor:"data,omitempty"`
 }
 
 type ckptFailed struct {
@@ -61,43 +86,248 @@ type ckptFailed struct {
 	Err codec.Error `cbor:"err"`
 }
 
-const ckptMagic = "JFCKPT01"
+const (
+	ckptMagicV1 = "JFCKPT01"
+	ckptMagic   = "JFCKPT02"
+)
 
-// checkpoint writes and commits a checkpoint at the last applied sequence.
-// It runs on the device loop. It returns the reference committed, or nil
-// when nothing was applied since the last checkpoint.
+// ckptInline is the largest tensor carried in the manifest itself.
+const ckptInline = 64 << 10
+
+// ckptState is a device's checkpoint bookkeeping, shared by the device
+// loop and the checkpoint writer under mu.
+type ckptState struct {
+	mu sync.Mutex
+	// seq and object: the last committed checkpoint and its manifest.
+	seq    uint64
+	object string
+	// digests are the large tensors of the last committed checkpoint,
+	// by tensor; objects the digests of the tensor objects it names.
+	digests map[*kernels.Tensor]string
+	objects map[string]bool
+	// done is closed when the writer in flight ends (nil: none).
+	done   chan struct{}
+	cancel context.CancelFunc
+	// wanted: a checkpoint op asked for one (device loop only).
+	wanted bool
+}
+
+// ckptSnapshot is what a checkpoint writes, as the device loop saw it.
+type ckptSnapshot struct {
+	seq      uint64
+	lease    *lease
+	sessions []snapSession
+	freed    []string
+	consumed []string
+}
+
+type snapSession struct {
+	ckptSession
+	tensors []snapTensor
+}
+
+type snapTensor struct {
+	ct ckptTensor
+	t  *kernels.Tensor
+	// data is the tensor's bytes for the writer to hash and store: its
+	// host memory (pinned) or a copy; nil when the digest is known.
+	data   []byte
+	pinned bool
+}
+
+// startCheckpoint snapshots the device and starts a writer, unless one is
+// in flight or nothing ran since the last checkpoint. Device loop only.
+// It reports false when a writer is in flight.
+func (d *device) startCheckpoint() bool {
+	d.ck.mu.Lock()
+	busy := d.ck.done != nil
+	d.ck.mu.Unlock()
+	if busy {
+		return false
+	}
+	snap, err := d.snapshot()
+	if err != nil || snap == nil {
+		if err != nil {
+			d.w.logf("worker: %s: %v", d.cfg.Name, err)
+		}
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	done := make(chan struct{})
+	d.ck.mu.Lock()
+	d.ck.done, d.ck.cancel = done, cancel
+	d.ck.mu.Unlock()
+	d.consumed = nil
+	go func() {
+		defer close(done)
+		defer cancel()
+		if _, err := d.writeCheckpoint(ctx, snap); err != nil {
+			d.w.logf("worker: %s: %v", d.cfg.Name, err)
+		}
+		d.ck.mu.Lock()
+		d.ck.done, d.ck.cancel = nil, nil
+		d.ck.mu.Unlock()
+	}()
+	return true
+}
+
+// waitCheckpoint waits for the writer in flight, if any; with abandon it
+// cancels it first.
+func (d *device) waitCheckpoint(abandon bool) {
+	d.ck.mu.Lock()
+	done, cancel := d.ck.done, d.ck.cancel
+	d.ck.mu.Unlock()
+	if done == nil {
+		return
+	}
+	if abandon {
+		cancel()
+	}
+	<-done
+}
+
+// checkpoint writes and commits a checkpoint at the last applied sequence
+// on the calling goroutine, after the one in flight. It returns the
+// reference committed, or nil when nothing was applied since the last
+// checkpoint. Device loop only (or after it stopped).
 func (d *device) checkpoint(ctx context.Context) (*checkpointRef, error) {
+	d.waitCheckpoint(false)
+	d.drainFrees()
+	snap, err := d.snapshot()
+	if err != nil || snap == nil {
+		return nil, err
+	}
+	d.consumed = nil
+	return d.writeCheckpoint(ctx, snap)
+}
+
+// snapshot takes the device's state for a checkpoint: nil when nothing ran
+// since the last one. Device loop only, no writer in flight.
+func (d *device) snapshot() (*ckptSnapshot, error) {
 	seq := d.applied.Load()
-	if seq == 0 || seq == d.ckptSeq {
+	d.ck.mu.Lock()
+	last, digests := d.ck.seq, d.ck.digests
+	d.ck.mu.Unlock()
+	if seq == 0 || seq == last {
 		return nil, nil
 	}
-	start := time.Now()
-	man := ckptManifest{V: 1, Device: d.cfg.Name, Seq: seq}
-	total := 0
+	snap := &ckptSnapshot{seq: seq, lease: d.currentLease(), consumed: d.consumed}
+	if snap.lease == nil {
+		return nil, ErrLeaseLost
+	}
+	snap.freed = append(snap.freed, d.live.order...)
+	b := d.cfg.Backend
 	for _, s := range d.sessions {
-		for _, e := range s.tensors {
-			if e.t != nil {
-				total += e.t.Bytes()
+		ss := snapSession{ckptSession: ckptSession{ID: s.id, Seed: s.seed, Pending: append([]codec.Error(nil), s.pending...)}}
+		ss.tensors = make([]snapTensor, 0, len(s.tensors))
+		for id, e := range s.tensors {
+			if e.fail != nil {
+				ss.Failed = append(ss.Failed, ckptFailed{ID: id, Err: *e.fail})
+				continue
+			}
+			st := snapTensor{ct: ckptTensor{ID: id, DType: uint8(e.t.DType), Shape: e.t.Shape}, t: e.t}
+			n := e.t.Bytes()
+			switch dg, known := digests[e.t]; {
+			case n <= ckptInline:
+				st.ct.Data = make([]byte, n)
+				if err := b.Download(st.ct.Data, e.t.Buf); err != nil {
+					d.unpinSnapshot(snap)
+					return nil, fmt.Errorf("worker: checkpoint %s: download tensor %d: %w", d.cfg.Name, id, err)
+				}
+			case known:
+				st.ct.Digest = dg
+			default:
+				if h := hostView(e.t); h != nil {
+					d.mem.pin(e.t.Buf)
+					st.data, st.pinned = h, true
+				} else {
+					st.data = make([]byte, n)
+					if err := b.Download(st.data, e.t.Buf); err != nil {
+						d.unpinSnapshot(snap)
+						return nil, fmt.Errorf("worker: checkpoint %s: download tensor %d: %w", d.cfg.Name, id, err)
+					}
+				}
+			}
+			ss.tensors = append(ss.tensors, st)
+		}
+		snap.sessions = append(snap.sessions, ss)
+	}
+	return snap, nil
+}
+
+// unpinSnapshot releases every tensor the snapshot still pins.
+func (d *device) unpinSnapshot(snap *ckptSnapshot) {
+	for i := range snap.sessions {
+		for j := range snap.sessions[i].tensors {
+			st := &snap.sessions[i].tensors[j]
+			if st.pinned {
+				d.mem.unpin(st.t.Buf)
+				st.pinned, st.data = false, nil
 			}
 		}
 	}
-	// Every tensor is downloaded straight into its place in one buffer.
-	data := make([]byte, total)
-	off := 0
-	b := d.cfg.Backend
-	for _, s := range d.sessions {
-		cs := ckptSession{ID: s.id, Seed: s.seed, Pending: s.pending, Tensors: make([]ckptTensor, 0, len(s.tensors))}
-		for id, e := range s.tensors {
-			if e.fail != nil {
-				cs.Failed = append(cs.Failed, ckptFailed{ID: id, Err: *e.fail})
-				continue
+}
+
+// testHookCheckpointWrite, when set (by tests, before a worker starts),
+// runs at the start of every checkpoint write.
+var testHookCheckpointWrite func(device string)
+
+// tensorObject names the checkpoint object of a tensor by its digest.
+func tensorObject(device, digest string) string { return "ckpt-" + device + "-t-" + digest }
+
+// writeCheckpoint writes snap and commits it. It runs on the writer's
+// goroutine (or the caller's, see checkpoint) and never takes the device
+// loop; what it shares with the loop is under d.ck.mu and d.mem.mu.
+func (d *device) writeCheckpoint(ctx context.Context, snap *ckptSnapshot) (ref *checkpointRef, err error) {
+	defer d.unpinSnapshot(snap)
+	if testHookCheckpointWrite != nil {
+		testHookCheckpointWrite(d.cfg.Name)
+	}
+	start := time.Now()
+	d.ck.mu.Lock()
+	have, oldObject := d.ck.objects, d.ck.object
+	d.ck.mu.Unlock()
+	name := subjects.CheckpointObject(d.cfg.Name, snap.seq)
+	man := ckptManifest{V: 2, Device: d.cfg.Name, Seq: snap.seq, Freed: snap.freed}
+	refs := map[string]bool{}
+	digests := map[*kernels.Tensor]string{}
+	var written []string // tensor objects this checkpoint wrote
+	defer func() {
+		if err != nil {
+			for _, o := range written {
+				_ = d.w.ckpt.Delete(context.Background(), o)
 			}
-			n := e.t.Bytes()
-			if err := b.Download(data[off:off+n], e.t.Buf); err != nil {
-				return nil, fmt.Errorf("worker: checkpoint %s: download tensor %d: %w", d.cfg.Name, id, err)
+		}
+	}()
+	var wrote int64
+	for i := range snap.sessions {
+		ss := &snap.sessions[i]
+		cs := ss.ckptSession
+		cs.Tensors = make([]ckptTensor, 0, len(ss.tensors))
+		for j := range ss.tensors {
+			st := &ss.tensors[j]
+			if st.data != nil {
+				sum := sha256.Sum256(st.data)
+				st.ct.Digest = hex.EncodeToString(sum[:])
+				if !have[st.ct.Digest] && !refs[st.ct.Digest] {
+					o := tensorObject(d.cfg.Name, st.ct.Digest)
+					if _, err := d.w.ckpt.Put(ctx, o, st.data, map[string]string{"device": d.cfg.Name}, objectstore.WithSHA256(sum)); err != nil {
+						return nil, fmt.Errorf("worker: checkpoint %s: store tensor %d: %w", d.cfg.Name, st.ct.ID, err)
+					}
+					written = append(written, o)
+					wrote += int64(len(st.data))
+				}
+				if st.pinned {
+					d.mem.unpin(st.t.Buf)
+					st.pinned = false
+				}
+				st.data = nil
 			}
-			cs.Tensors = append(cs.Tensors, ckptTensor{ID: id, DType: uint8(e.t.DType), Shape: e.t.Shape, Offset: int64(off)})
-			off += n
+			if st.ct.Digest != "" {
+				refs[st.ct.Digest] = true
+				digests[st.t] = st.ct.Digest
+			}
+			cs.Tensors = append(cs.Tensors, st.ct)
 		}
 		man.Sessions = append(man.Sessions, cs)
 	}
@@ -105,39 +335,57 @@ func (d *device) checkpoint(ctx context.Context) (*checkpointRef, error) {
 	if err != nil {
 		return nil, fmt.Errorf("worker: checkpoint %s: manifest: %w", d.cfg.Name, err)
 	}
-	blob := make([]byte, 0, len(ckptMagic)+8+len(mb)+len(data))
+	blob := make([]byte, 0, len(ckptMagic)+8+len(mb))
 	blob = append(blob, ckptMagic...)
 	blob = binary.LittleEndian.AppendUint64(blob, uint64(len(mb)))
 	blob = append(blob, mb...)
-	blob = append(blob, data...)
-	name := subjects.CheckpointObject(d.cfg.Name, seq)
-	info, err := d.w.ckpt.Put(ctx, name, blob, map[string]string{"device": d.cfg.Name, "seq": fmt.Sprint(seq)})
+	info, err := d.w.ckpt.Put(ctx, name, blob, map[string]string{"device": d.cfg.Name, "seq": fmt.Sprint(snap.seq)})
 	if err != nil {
 		return nil, fmt.Errorf("worker: checkpoint %s: store: %w", d.cfg.Name, err)
 	}
-	ref := &checkpointRef{Device: d.cfg.Name, Seq: seq, Object: name, SHA256: info.SHA256, Size: info.Size, Worker: d.w.cfg.ID, Time: time.Now().UTC()}
+	written = append(written, name)
+	ref = &checkpointRef{Device: d.cfg.Name, Seq: snap.seq, Object: name, SHA256: info.SHA256, Size: info.Size, Worker: d.w.cfg.ID, Time: time.Now().UTC()}
 	rb, _ := json.Marshal(ref)
-	if err := d.lease.write(ctx, subjects.CheckpointKey(d.cfg.Name), rb); err != nil {
-		_ = d.w.ckpt.Delete(ctx, name)
+	if err := snap.lease.write(ctx, subjects.CheckpointKey(d.cfg.Name), rb); err != nil {
 		return nil, err
 	}
-	// Committed: the frames it covers and the previous object can go.
+	// Committed: the frames it covers, the previous manifest and the
+	// tensors only that one named can go.
+	d.ck.mu.Lock()
+	d.ck.seq, d.ck.object, d.ck.digests, d.ck.objects = snap.seq, name, digests, refs
+	d.ck.mu.Unlock()
 	if stream, err := d.w.js.Stream(ctx, d.w.names.OpsStream()); err == nil {
-		if err := stream.Purge(ctx, jetstream.WithPurgeSubject(d.w.names.OpsDevice(d.cfg.Name)), jetstream.WithPurgeSequence(seq+1)); err != nil {
-			d.w.logf("worker: %s: purge frames below %d: %v", d.cfg.Name, seq+1, err)
+		if err := stream.Purge(ctx, jetstream.WithPurgeSubject(d.w.names.OpsDevice(d.cfg.Name)), jetstream.WithPurgeSequence(snap.seq+1)); err != nil {
+			d.w.logf("worker: %s: purge frames below %d: %v", d.cfg.Name, snap.seq+1, err)
 		}
 	}
-	if d.ckptObject != "" && d.ckptObject != name {
-		if err := d.w.ckpt.Delete(ctx, d.ckptObject); err != nil {
-			d.w.logf("worker: %s: delete old checkpoint %s: %v", d.cfg.Name, d.ckptObject, err)
+	if oldObject != "" && oldObject != name {
+		if err := d.w.ckpt.Delete(ctx, oldObject); err != nil {
+			d.w.logf("worker: %s: delete old checkpoint %s: %v", d.cfg.Name, oldObject, err)
 		}
 	}
-	d.ckptSeq, d.ckptObject = seq, name
-	d.dropConsumed(ctx)
+	for dg := range have {
+		if !refs[dg] {
+			if err := d.w.ckpt.Delete(ctx, tensorObject(d.cfg.Name, dg)); err != nil && !errors.Is(err, objectstore.ErrNotFound) {
+				d.w.logf("worker: %s: delete old checkpoint tensor %s: %v", d.cfg.Name, dg, err)
+			}
+		}
+	}
+	d.dropObjects(ctx, snap.consumed)
 	took := time.Since(start)
-	d.m.checkpoint(took, info.Size)
-	d.w.logf("worker: %s: checkpoint at sequence %d: %d sessions, %d bytes in %v", d.cfg.Name, seq, len(man.Sessions), info.Size, took.Round(time.Millisecond))
+	d.m.checkpoint(took, info.Size+wrote)
+	d.w.logf("worker: %s: checkpoint at sequence %d: %d sessions, %d tensor objects (%d bytes written, %d new) in %v",
+		d.cfg.Name, snap.seq, len(man.Sessions), len(refs), info.Size+wrote, len(written)-1, took.Round(time.Millisecond))
 	return ref, nil
+}
+
+// resetCheckpoints forgets the checkpoint bookkeeping (after a step down:
+// the new owner's state is the truth). No writer may be in flight.
+func (d *device) resetCheckpoints() {
+	d.ck.mu.Lock()
+	d.ck.seq, d.ck.object, d.ck.digests, d.ck.objects = 0, "", nil, nil
+	d.ck.mu.Unlock()
+	d.ck.wanted = false
 }
 
 // restore loads the device's last committed checkpoint, if any, and returns
@@ -160,7 +408,11 @@ func (d *device) restore(ctx context.Context) (uint64, error) {
 	if ref.SHA256 != "" && info.SHA256 != ref.SHA256 {
 		return 0, fmt.Errorf("worker: %s: checkpoint object %s has digest %s, committed %s", d.cfg.Name, ref.Object, info.SHA256, ref.SHA256)
 	}
-	if len(blob) < len(ckptMagic)+8 || string(blob[:len(ckptMagic)]) != ckptMagic {
+	if len(blob) < len(ckptMagic)+8 {
+		return 0, fmt.Errorf("worker: %s: checkpoint object %s is not a checkpoint", d.cfg.Name, ref.Object)
+	}
+	magic := string(blob[:len(ckptMagic)])
+	if magic != ckptMagic && magic != ckptMagicV1 {
 		return 0, fmt.Errorf("worker: %s: checkpoint object %s is not a checkpoint", d.cfg.Name, ref.Object)
 	}
 	n := binary.LittleEndian.Uint64(blob[len(ckptMagic):])
@@ -174,6 +426,8 @@ func (d *device) restore(ctx context.Context) (uint64, error) {
 	}
 	data := body[n:]
 	now := time.Now()
+	digests := map[*kernels.Tensor]string{}
+	objects := map[string]bool{}
 	for _, cs := range man.Sessions {
 		s := newSession(cs.ID)
 		s.seed, s.pending, s.last = cs.Seed, cs.Pending, now
@@ -181,26 +435,82 @@ func (d *device) restore(ctx context.Context) (uint64, error) {
 			err := f.Err
 			s.tensors[f.ID] = entry{fail: &err}
 		}
-		for _, ct := range cs.Tensors {
-			m := kernels.Meta{DType: kernels.DType(ct.DType), Shape: ct.Shape}
-			end := ct.Offset + int64(m.Bytes())
-			if !m.DType.Valid() || ct.Offset < 0 || end > int64(len(data)) {
-				return 0, fmt.Errorf("worker: %s: checkpoint %s: tensor %d out of bounds", d.cfg.Name, ref.Object, ct.ID)
-			}
-			buf, err := d.cfg.Backend.Alloc(m.Bytes())
-			if err != nil {
-				return 0, fmt.Errorf("worker: %s: restore tensor %d: %w", d.cfg.Name, ct.ID, err)
-			}
-			if err := d.cfg.Backend.Upload(buf, data[ct.Offset:end]); err != nil {
-				return 0, fmt.Errorf("worker: %s: restore tensor %d: %w", d.cfg.Name, ct.ID, err)
-			}
-			s.tensors[ct.ID] = entry{t: &kernels.Tensor{Meta: m, Buf: buf}}
-			s.bytes += int64(buf.Bytes())
-			d.mem.held.Add(int64(buf.Bytes()))
-		}
 		d.sessions[cs.ID] = s
+		for _, ct := range cs.Tensors {
+			t, err := d.restoreTensor(ctx, magic, ct, data)
+			if err != nil {
+				return 0, fmt.Errorf("worker: %s: checkpoint %s: tensor %d: %w", d.cfg.Name, ref.Object, ct.ID, err)
+			}
+			s.tensors[ct.ID] = entry{t: t}
+			s.bytes += int64(t.Buf.Bytes())
+			if ct.Digest != "" {
+				digests[t], objects[ct.Digest] = ct.Digest, true
+			}
+		}
+	}
+	for _, id := range man.Freed {
+		d.noteFreed(id, now)
 	}
 	d.sessionCount.Store(int64(len(d.sessions)))
-	d.ckptSeq, d.ckptObject = man.Seq, ref.Object
+	d.ck.mu.Lock()
+	d.ck.seq, d.ck.object, d.ck.digests, d.ck.objects = man.Seq, ref.Object, digests, objects
+	d.ck.mu.Unlock()
 	return man.Seq, nil
+}
+
+// restoreTensor makes one tensor of a checkpoint: from data at its offset
+// (version 1), inline, or from its object (version 2).
+func (d *device) restoreTensor(ctx context.Context, magic string, ct ckptTensor, data []byte) (*kernels.Tensor, error) {
+	m := kernels.Meta{DType: kernels.DType(ct.DType), Shape: ct.Shape}
+	if !m.DType.Valid() {
+		return nil, fmt.Errorf("dtype %d", ct.DType)
+	}
+	if err := kernels.CheckShape(m.Shape, d.w.cfg.Limits.Tensor); err != nil {
+		return nil, err
+	}
+	n := m.Bytes()
+	var src []byte
+	switch {
+	case magic == ckptMagicV1:
+		end := ct.Offset + int64(n)
+		if ct.Offset < 0 || end > int64(len(data)) {
+			return nil, errors.New("out of bounds")
+		}
+		src = data[ct.Offset:end]
+	case ct.Digest == "":
+		if len(ct.Data) != n {
+			return nil, fmt.Errorf("%d bytes inline, %d needed", len(ct.Data), n)
+		}
+		src = ct.Data
+	}
+	buf, err := d.cfg.Backend.Alloc(n)
+	if err != nil {
+		return nil, err
+	}
+	d.mem.held.Add(int64(buf.Bytes()))
+	t := &kernels.Tensor{Meta: m, Buf: buf}
+	if src == nil {
+		name := tensorObject(d.cfg.Name, ct.Digest)
+		var info objectstore.Info
+		if h := hostView(t); h != nil {
+			info, err = d.w.ckpt.GetInto(ctx, name, h)
+		} else if src, info, err = d.w.ckpt.Get(ctx, name); err == nil && info.Size != int64(n) {
+			err = fmt.Errorf("object %s holds %d bytes, %d needed", name, info.Size, n)
+		}
+		if err == nil && info.SHA256 != ct.Digest {
+			err = fmt.Errorf("object %s has digest %s, the manifest names %s", name, info.SHA256, ct.Digest)
+		}
+		if err != nil {
+			d.backendFree(buf)
+			return nil, err
+		}
+		if src == nil {
+			return t, nil
+		}
+	}
+	if err := d.cfg.Backend.Upload(buf, src); err != nil {
+		d.backendFree(buf)
+		return nil, err
+	}
+	return t, nil
 }

@@ -65,10 +65,8 @@ type device struct {
 	host     kernels.Backend
 	fellBack map[string]bool
 
-	// Checkpoint state, touched by the device loop only.
-	ckptSeq    uint64 // sequence of the last committed checkpoint
-	ckptObject string // its object
-	ckptWanted bool   // a checkpoint op asked for one after this frame
+	// ck is the checkpoint bookkeeping (checkpoint.go).
+	ck ckptState
 	// consumed are transfer objects this device read last; deleted once a
 	// checkpoint covers the ops that read them.
 	consumed []string
@@ -277,6 +275,8 @@ func (d *device) stepDown(release bool) {
 		_ = l.release(ctx)
 		cancel()
 	}
+	d.waitCheckpoint(true)
+	d.drainFrees()
 	for id, s := range d.sessions {
 		s.freeAll(d)
 		delete(d.sessions, id)
@@ -284,7 +284,7 @@ func (d *device) stepDown(release bool) {
 	d.sessionCount.Store(0)
 	d.noteSessions()
 	d.applied.Store(0)
-	d.ckptSeq, d.ckptObject, d.ckptWanted = 0, "", false
+	d.resetCheckpoints()
 	d.consumed = nil
 	d.live.freed, d.live.order = nil, nil
 }
@@ -345,16 +345,15 @@ func (d *device) frame(msg jetstream.Msg, md *jetstream.MsgMetadata) {
 // housekeep checkpoints when an op asked for it or the interval is up,
 // and frees idle sessions once a second. Under loop.
 func (d *device) housekeep(now time.Time) {
-	if iv := d.w.cfg.CheckpointInterval; d.ckptWanted || (iv > 0 && now.Sub(d.lastCkpt) >= iv) {
-		d.ckptWanted = false
-		d.lastCkpt = now
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		if _, err := d.checkpoint(ctx); err != nil {
-			d.w.logf("worker: %s: %v", d.cfg.Name, err)
-		}
-		cancel()
-	}
 	d.drainFrees()
+	if iv := d.w.cfg.CheckpointInterval; d.ck.wanted || (iv > 0 && now.Sub(d.lastCkpt) >= iv) {
+		// While a checkpoint is written the device goes on; the next one
+		// starts at a housekeeping after it.
+		if d.startCheckpoint() {
+			d.ck.wanted = false
+			d.lastCkpt = now
+		}
+	}
 	if now.Sub(d.idleCheck) >= time.Second {
 		d.evictIdle(now)
 		d.noteSessions()
@@ -375,6 +374,8 @@ func (d *device) halt() {
 
 // close frees every session and closes the backend. Called after run returned.
 func (d *device) close() {
+	d.waitCheckpoint(true)
+	d.drainFrees()
 	for id, s := range d.sessions {
 		s.freeAll(d)
 		delete(d.sessions, id)

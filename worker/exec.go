@@ -86,7 +86,7 @@ func (x *exec) op(i int, op *codec.Op) (closed bool) {
 	case opSeed:
 		x.s.seed = op.Seed
 	case opCheckpoint:
-		x.d.ckptWanted = true
+		x.d.ck.wanted = true
 	case opExpose:
 		err = x.expose(i, op)
 	case opImport:
