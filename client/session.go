@@ -603,9 +603,9 @@ func uploadName(sum [sha256.Size]byte) string { return "upload-" + hex.EncodeToS
 // (upload-<chunk subject token>) and its chunk subject, and writes data,
 // hashing it beside the write, so the worker copies the chunks while they
 // are written. The data object is named by its digest; once the digest is
-// known, the client either finds those bytes stored before (it stops
-// writing, its chunks are purged) or finishes the write, and in both cases
-// makes the alias a link to the object named by the digest.
+// known, the write either finds those bytes stored before (it stops, its
+// chunks are purged) or finishes, and in both cases the client makes the
+// alias a link to the object named by the digest.
 func (s *Session) uploadWhileWriting(ctx context.Context, store *objectstore.Store, op codec.Op, data []byte, meta map[string]string) (*Tensor, error) {
 	op.NUID = objectstore.NewNUID()
 	op.Object = "upload-" + op.NUID
@@ -634,11 +634,10 @@ func (s *Session) uploadWhileWriting(ctx context.Context, store *objectstore.Sto
 	case err := <-done:
 		return fail(err)
 	}
-	if info, err := store.Stat(ctx, name); err == nil && info.Size == int64(len(data)) {
-		// Stored before, by this or another session: stop writing.
-		cancel()
-		<-done
-	} else if err := <-done; err != nil {
+	// Bytes stored before under that name, by this or another session,
+	// stop the write early and are kept: an object named by its content
+	// is never replaced, since readers may be copying its chunks.
+	if err := <-done; err != nil {
 		return fail(err)
 	}
 	if _, err := store.Link(ctx, op.Object, name); err != nil {
