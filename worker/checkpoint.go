@@ -307,14 +307,19 @@ func (d *device) writeCheckpoint(ctx context.Context, snap *ckptSnapshot) (ref *
 		for j := range ss.tensors {
 			st := &ss.tensors[j]
 			if st.data != nil {
-				sum := sha256.Sum256(st.data)
-				st.ct.Digest = hex.EncodeToString(sum[:])
+				// The object is named by the digest computed beside the
+				// write; bytes stored under that name already (the same
+				// content in another tensor) stop the write early.
+				info, err := d.w.ckpt.Put(ctx, "", st.data, map[string]string{"device": d.cfg.Name},
+					objectstore.WithNameFromDigest(func(sum [sha256.Size]byte) string {
+						return tensorObject(d.cfg.Name, hex.EncodeToString(sum[:]))
+					}))
+				if err != nil {
+					return nil, fmt.Errorf("worker: checkpoint %s: store tensor %d: %w", d.cfg.Name, st.ct.ID, err)
+				}
+				st.ct.Digest = info.SHA256
 				if !have[st.ct.Digest] && !refs[st.ct.Digest] {
-					o := tensorObject(d.cfg.Name, st.ct.Digest)
-					if _, err := d.w.ckpt.Put(ctx, o, st.data, map[string]string{"device": d.cfg.Name}, objectstore.WithSHA256(sum)); err != nil {
-						return nil, fmt.Errorf("worker: checkpoint %s: store tensor %d: %w", d.cfg.Name, st.ct.ID, err)
-					}
-					written = append(written, o)
+					written = append(written, info.Name)
 					wrote += int64(len(st.data))
 				}
 				if st.pinned {
@@ -349,6 +354,7 @@ func (d *device) writeCheckpoint(ctx context.Context, snap *ckptSnapshot) (ref *
 	if err := snap.lease.write(ctx, subjects.CheckpointKey(d.cfg.Name), rb); err != nil {
 		return nil, err
 	}
+	took := time.Since(start)
 	// Committed: the frames it covers, the previous manifest and the
 	// tensors only that one named can go.
 	d.ck.mu.Lock()
@@ -372,7 +378,6 @@ func (d *device) writeCheckpoint(ctx context.Context, snap *ckptSnapshot) (ref *
 		}
 	}
 	d.dropObjects(ctx, snap.consumed)
-	took := time.Since(start)
 	d.m.checkpoint(took, info.Size+wrote)
 	d.w.logf("worker: %s: checkpoint at sequence %d: %d sessions, %d tensor objects (%d bytes written, %d new) in %v",
 		d.cfg.Name, snap.seq, len(man.Sessions), len(refs), info.Size+wrote, len(written)-1, took.Round(time.Millisecond))
