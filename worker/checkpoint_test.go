@@ -84,10 +84,13 @@ func TestCheckpointsAreIncremental(t *testing.T) {
 	r := newRaw(t, b, "fabric.ops.cpu-0.inc")
 	v := newCkptView(t, r.nc)
 	const n = 1 << 18 // f32: 1 MiB a tensor
-	// commit asks for a checkpoint after ops and waits until it is there.
+	// commit asks for a checkpoint after ops and waits until it is there
+	// and counted.
+	commits := 0.0
 	commit := func(ops string, want int) {
 		t.Helper()
 		before := v.seq()
+		commits++
 		r.sendJSON(`{"v":1,"ops":[` + ops + `{"op":"checkpoint"},{"op":"sync","tag":1}]}`)
 		if res := r.result(); len(res.Errors) > 0 {
 			t.Fatal(res.Errors)
@@ -98,6 +101,9 @@ func TestCheckpointsAreIncremental(t *testing.T) {
 			}
 			if got := v.tensors(); len(got) != want {
 				return fmt.Errorf("tensor objects %v, want %d", got, want)
+			}
+			if n := scrape(t, srv.URL)[`jetfabric_device_checkpoints_total{device="cpu-0"}`]; n != commits {
+				return fmt.Errorf("%v checkpoints counted, want %v", n, commits)
 			}
 			return nil
 		})
