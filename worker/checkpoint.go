@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -110,6 +111,10 @@ type ckptState struct {
 	cancel context.CancelFunc
 	// wanted: a checkpoint op asked for one (device loop only).
 	wanted bool
+	// swept: the objects of the device's earlier checkpoints that no
+	// committed one names (left by a worker that died while writing)
+	// were deleted since this worker took the device (writer only).
+	swept bool
 }
 
 // ckptSnapshot is what a checkpoint writes, as the device loop saw it.
@@ -378,10 +383,49 @@ func (d *device) writeCheckpoint(ctx context.Context, snap *ckptSnapshot) (ref *
 		}
 	}
 	d.dropObjects(ctx, snap.consumed)
+	if !d.ck.swept {
+		d.ck.swept = d.sweepCheckpoints(ctx, name, refs)
+	}
 	d.m.checkpoint(took, info.Size+wrote)
 	d.w.logf("worker: %s: checkpoint at sequence %d: %d sessions, %d tensor objects (%d bytes written, %d new) in %v",
 		d.cfg.Name, snap.seq, len(man.Sessions), len(refs), info.Size+wrote, len(written)-1, took.Round(time.Millisecond))
 	return ref, nil
+}
+
+// sweepCheckpoints deletes the device's checkpoint objects that neither
+// the manifest committed nor its tensors are, and reports whether it could
+// list them.
+func (d *device) sweepCheckpoints(ctx context.Context, manifest string, refs map[string]bool) bool {
+	store, err := d.w.js.ObjectStore(ctx, d.w.names.CkptBucket())
+	if err != nil {
+		return false
+	}
+	list, err := store.List(ctx)
+	if errors.Is(err, jetstream.ErrNoObjectsFound) {
+		return true
+	} else if err != nil {
+		d.w.logf("worker: %s: list checkpoint objects: %v", d.cfg.Name, err)
+		return false
+	}
+	tensors, manifests := tensorObject(d.cfg.Name, ""), subjects.CheckpointObject(d.cfg.Name, 0)
+	manifests = manifests[:len(manifests)-1]
+	for _, o := range list {
+		dg, isTensor := strings.CutPrefix(o.Name, tensors)
+		isTensor = isTensor && len(dg) == 2*sha256.Size && strings.Trim(dg, "0123456789abcdef") == ""
+		seq, isManifest := strings.CutPrefix(o.Name, manifests)
+		switch {
+		case o.Deleted || o.Name == manifest:
+			continue
+		case isTensor && !refs[dg]:
+		case !isTensor && isManifest && seq != "" && strings.Trim(seq, "0123456789") == "":
+		default:
+			continue
+		}
+		if err := d.w.ckpt.Delete(ctx, o.Name); err != nil && !errors.Is(err, objectstore.ErrNotFound) {
+			d.w.logf("worker: %s: delete stray checkpoint object %s: %v", d.cfg.Name, o.Name, err)
+		}
+	}
+	return true
 }
 
 // resetCheckpoints forgets the checkpoint bookkeeping (after a step down:
@@ -390,7 +434,7 @@ func (d *device) resetCheckpoints() {
 	d.ck.mu.Lock()
 	d.ck.seq, d.ck.object, d.ck.digests, d.ck.objects = 0, "", nil, nil
 	d.ck.mu.Unlock()
-	d.ck.wanted = false
+	d.ck.wanted, d.ck.swept = false, false
 }
 
 // restore loads the device's last committed checkpoint, if any, and returns

@@ -127,8 +127,16 @@ func TestCheckpointsAreIncremental(t *testing.T) {
 	// A tensor no checkpoint names any more is deleted.
 	commit(`{"op":"free","in":[1]},`, 1)
 
-	// Another worker restores the device from the objects, bit for bit.
+	// Another worker restores the device from the objects, bit for bit,
+	// and deletes what a worker that died while writing left.
 	if err := w.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	stray := "ckpt-cpu-0-t-" + strings.Repeat("ab", 32)
+	if _, err := v.obj.PutBytes(context.Background(), stray, []byte("left over")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := v.obj.PutBytes(context.Background(), "ckpt-cpu-0-2", []byte("left over")); err != nil {
 		t.Fatal(err)
 	}
 	startWorker(t, b, func(c *worker.Config) { c.CheckpointInterval = 0; c.ID = "second" })
@@ -143,4 +151,13 @@ func TestCheckpointsAreIncremental(t *testing.T) {
 	if res := r.result(); len(res.Errors) != 1 || res.Errors[0].Code != codec.CodeUnknownID {
 		t.Fatalf("freed tensor after the restore: %+v", res)
 	}
+	r.sendJSON(`{"v":1,"ops":[{"op":"checkpoint"}]}`)
+	checkFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		for _, name := range []string{stray, "ckpt-cpu-0-2"} {
+			if _, err := v.obj.GetInfo(context.Background(), name); err == nil {
+				return fmt.Errorf("%s is still there", name)
+			}
+		}
+		return nil
+	})
 }
