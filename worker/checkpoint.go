@@ -296,12 +296,14 @@ func (d *device) writeCheckpoint(ctx context.Context, snap *ckptSnapshot) (ref *
 	man := ckptManifest{V: 2, Device: d.cfg.Name, Seq: snap.seq, Freed: snap.freed}
 	refs := map[string]bool{}
 	digests := map[*kernels.Tensor]string{}
-	var written []string // tensor objects this checkpoint wrote
+	// On failure nothing is deleted here: a tensor object may be named
+	// by a checkpoint that another worker committed since (the same
+	// content), and a manifest of the same sequence too. The next
+	// committed checkpoint sweeps what no committed checkpoint names.
+	var written []string // objects this checkpoint wrote
 	defer func() {
 		if err != nil {
-			for _, o := range written {
-				_ = d.w.ckpt.Delete(context.Background(), o)
-			}
+			d.ck.swept = false
 		}
 	}()
 	var wrote int64
