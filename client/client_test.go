@@ -237,19 +237,25 @@ func TestLargeTensorsGoThroughTheObjectStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The same bytes again are stored once (named by their digest).
-	y, err := s.Upload(ctx, "f32", []int{n}, data)
-	if err != nil {
-		t.Fatal(err)
-	}
 	js, _ := jetstream.New(c.Conn())
 	objects, err := js.ObjectStore(ctx, "FABRIC_XFER")
 	if err != nil {
 		t.Fatal(err)
 	}
 	sum := sha256.Sum256(data)
-	if info, err := objects.GetInfo(ctx, "upload-"+hex.EncodeToString(sum[:])); err != nil || info.Size != uint64(len(data)) {
+	first, err := objects.GetInfo(ctx, "upload-"+hex.EncodeToString(sum[:]))
+	if err != nil || first.Size != uint64(len(data)) {
 		t.Fatalf("the upload is not named by its digest: %v", err)
+	}
+	// The same bytes again are stored once (named by their digest), and
+	// the stored object is kept, not replaced: a worker may be reading its
+	// chunks.
+	y, err := s.Upload(ctx, "f32", []int{n}, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := objects.GetInfo(ctx, "upload-"+hex.EncodeToString(sum[:])); err != nil || info.NUID != first.NUID {
+		t.Fatalf("the second upload replaced the first (chunks %s, then %s): %v", first.NUID, info.NUID, err)
 	}
 	st, err := js.Stream(ctx, "OBJ_FABRIC_XFER")
 	if err != nil {

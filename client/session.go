@@ -54,8 +54,10 @@ type Session struct {
 		wake    chan struct{} // closed when done grows while a call waits (see settle)
 		refused []error       // refusals not yet returned by a read or sync
 	}
-	// record: a job being built; ops are kept, never sent (see NewJob).
+	// record: a job or a graph being built; ops are kept, never sent
+	// (see NewJob, NewGraph). graph is the graph, for a graph.
 	record bool
+	graph  *Graph
 	// replies receives every answer on the inbox; see route.
 	replies chan *nats.Msg
 }
@@ -609,14 +611,27 @@ func uploadName(sum [sha256.Size]byte) string { return "upload-" + hex.EncodeToS
 func (s *Session) uploadWhileWriting(ctx context.Context, store *objectstore.Store, op codec.Op, data []byte, meta map[string]string) (*Tensor, error) {
 	op.NUID = objectstore.NewNUID()
 	op.Object = "upload-" + op.NUID
-	named := make(chan string, 1)
+	// stored reports whether the digest's object was stored before, by
+	// this or another session. When it was, the write goes on under a
+	// name of its own (soon abandoned): writing the meta over the stored
+	// object would replace it and purge the chunks a worker may be reading.
+	type digestName struct {
+		name   string
+		stored bool
+	}
+	named := make(chan digestName, 1)
 	pctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
 		_, err := store.Put(pctx, "", data, meta, objectstore.WithNUID(op.NUID), objectstore.WithNameFromDigest(func(sum [sha256.Size]byte) string {
 			name := uploadName(sum)
-			named <- name
+			info, err := store.Stat(pctx, name)
+			stored := err == nil && info.Size == int64(len(data))
+			named <- digestName{name, stored}
+			if stored {
+				return "upload-dup-" + op.NUID
+			}
 			return name
 		}))
 		done <- err
@@ -628,16 +643,24 @@ func (s *Session) uploadWhileWriting(ctx context.Context, store *objectstore.Sto
 		_ = store.Abort(context.WithoutCancel(ctx), op.Object, op.NUID, "the client's upload failed: "+err.Error())
 		return nil, fmt.Errorf("client: upload %d bytes: %w", len(data), err)
 	}
-	var name string
+	var dn digestName
 	select {
-	case name = <-named:
+	case dn = <-named:
 	case err := <-done:
 		return fail(err)
 	}
-	// Bytes stored before under that name, by this or another session,
-	// stop the write early and are kept: an object named by its content
-	// is never replaced, since readers may be copying its chunks.
-	if err := <-done; err != nil {
+	// Two writes of the same bytes at once both find nothing stored: the
+	// later one stops when it learns the earlier is, and keeps it (an
+	// object named by its content is never replaced under its readers).
+	name := dn.name
+	if dn.stored {
+		// Stored before, by this or another session: stop writing, and
+		// drop what was written if the write ended first.
+		cancel()
+		if err := <-done; err == nil {
+			_ = store.Delete(ctx, "upload-dup-"+op.NUID)
+		}
+	} else if err := <-done; err != nil {
 		return fail(err)
 	}
 	if _, err := store.Link(ctx, op.Object, name); err != nil {

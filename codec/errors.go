@@ -11,3 +11,6 @@ var (
 	// ErrTooManyOps: a frame holds more ops than allowed.
 	ErrTooManyOps = errors.New("codec: too many ops in frame")
 )
+
+// ErrTooLarge: a message is over a size limit (a graph definition).
+var ErrTooLarge = errors.New("codec: too large")

@@ -121,6 +121,14 @@ type Op struct {
 	// reduces its own slice, then every rank gathers the reduced slices)
 	// or "naive" (gather to rank 0, reduce there, fetch from it).
 	Algo string `cbor:"algo,omitempty" json:"algo,omitempty"`
+
+	// Graph, Base and Scalars are a replay's: the graph's name (the
+	// SHA-256 of its definition, 64 lower-case hex digits), the first of
+	// the ids reserved for the graph's internal tensors, and the values
+	// bound to its scalar placeholders (see Graph).
+	Graph   string    `cbor:"graph,omitempty" json:"graph,omitempty"`
+	Base    uint64    `cbor:"base,omitempty" json:"base,omitempty"`
+	Scalars []float64 `cbor:"scalars,omitempty" json:"scalars,omitempty"`
 }
 
 // Result answers a read or a sync on the frame's reply subject.
@@ -184,6 +192,10 @@ const (
 	// CodeSessionFreed: the session was freed (idle past the worker's
 	// timeout); its tensors are gone and it takes no more frames.
 	CodeSessionFreed = "session_freed"
+	// CodeUnknownGraph: a replay names a graph that is not stored.
+	CodeUnknownGraph = "unknown_graph"
+	// CodeInvalidGraph: a stored graph definition fails validation.
+	CodeInvalidGraph = "invalid_graph"
 )
 
 // Error is an op's failure. Seq and Index identify the op; Op names it.

@@ -70,6 +70,22 @@
 //		if err := opt.Step(model.Params()); err != nil { ... }
 //	}
 //
+// A Step captures such a training step once as a graph (see
+// client.Graph) and replays it for every batch, one op on the wire a
+// step, with the bits of the step sent op by op:
+//
+//	st, _ := nn.NewStep(c, model.Params(), opt, func(b []*nn.Tensor) (*nn.Tensor, error) {
+//		logits, err := model.Forward(b[0])
+//		if err != nil {
+//			return nil, err
+//		}
+//		return nn.CrossEntropy(logits, b[1], nn.ReduceMean), nil
+//	}, x.Meta(), y.Meta())
+//	for step := range steps {
+//		loss, err := st.Run(ctx, x, y) // x, y: this step's batch
+//		...
+//	}
+//
 // Tensors and graphs are not safe for concurrent use; the session under
 // them is.
 package nn

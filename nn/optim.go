@@ -73,7 +73,7 @@ func (o *SGD) Step(params []*Param) error {
 				g = b
 			}
 		}
-		return Sub(x, tp.t(Mul(g, tp.c(g, o.LR)))), state
+		return Sub(x, tp.t(Mul(g, tp.s(g, o.LR, scalarLR)))), state
 	}, func(p *Param, state []*Tensor) {
 		if len(state) == 1 {
 			o.bufs[p].Free()
@@ -171,7 +171,7 @@ func (st *adamState) step(params []*Param, lr, beta1, beta2, eps, wd float64, de
 		}
 		if wd != 0 {
 			if decoupled {
-				x = tp.t(Mul(x, tp.c(x, 1-lr*wd)))
+				x = tp.t(Mul(x, tp.s(x, 1-lr*wd, scalarDecay)))
 			} else {
 				g = tp.t(Add(g, tp.t(Mul(x, tp.c(x, wd)))))
 			}
@@ -187,8 +187,8 @@ func (st *adamState) step(params []*Param, lr, beta1, beta2, eps, wd float64, de
 		}
 		bc1 := 1 - math.Pow(beta1, float64(t))
 		bc2 := 1 - math.Pow(beta2, float64(t))
-		denom := tp.t(Add(tp.t(Div(tp.t(Sqrt(v)), tp.c(v, math.Sqrt(bc2)))), tp.c(v, eps)))
-		upd := tp.t(Mul(tp.t(Div(m, denom)), tp.c(m, lr/bc1)))
+		denom := tp.t(Add(tp.t(Div(tp.t(Sqrt(v)), tp.s(v, math.Sqrt(bc2), scalarSqrtBC2))), tp.c(v, eps)))
+		upd := tp.t(Mul(tp.t(Div(m, denom)), tp.s(m, lr/bc1, scalarLRBC1)))
 		return Sub(x, upd), []*Tensor{m, v}
 	}, func(p *Param, state []*Tensor) {
 		s := (*st)[p]
@@ -319,9 +319,10 @@ type tape struct {
 }
 
 type constKey struct {
-	s  *client.Session
-	dt kernels.DType
-	v  float64
+	s    *client.Session
+	dt   kernels.DType
+	v    float64
+	name string
 }
 
 // t records x as an intermediate and returns it.
@@ -335,7 +336,7 @@ func (tp *tape) c(like *Tensor, v float64) *Tensor {
 	if like.Err() != nil {
 		return like
 	}
-	k := constKey{like.Session(), like.DType(), v}
+	k := constKey{s: like.Session(), dt: like.DType(), v: v}
 	if c, ok := tp.consts[k]; ok {
 		return c
 	}
@@ -343,6 +344,30 @@ func (tp *tape) c(like *Tensor, v float64) *Tensor {
 		tp.consts = map[constKey]*Tensor{}
 	}
 	c := Full(k.s, k.dt, nil, v)
+	tp.consts[k] = c
+	return c
+}
+
+// s is a scalar tensor holding v, of like's dtype and session, that may
+// change from step to step: in a captured step (see Step) its value is the
+// graph's scalar placeholder called name.
+func (tp *tape) s(like *Tensor, v float64, name string) *Tensor {
+	if like.Err() != nil {
+		return like
+	}
+	k := constKey{s: like.Session(), dt: like.DType(), name: name}
+	if c, ok := tp.consts[k]; ok {
+		return c
+	}
+	if tp.consts == nil {
+		tp.consts = map[constKey]*Tensor{}
+	}
+	c := Full(k.s, k.dt, nil, v)
+	if g := k.s.Graph(); g != nil && c.Err() == nil {
+		if err := g.Bind(c.Client(), "value", g.NamedScalar(name, v)); err != nil {
+			c = failed(k.s, fmt.Errorf("nn: scalar %s: %w", name, err))
+		}
+	}
 	tp.consts[k] = c
 	return c
 }

@@ -233,6 +233,12 @@ func (n Names) CtrlSubject(key string) string { return "$KV." + n.CtrlBucket() +
 // next checkpoint of its device commits.
 func (n Names) CkptBucket() string { return n.upper + "_CKPT" }
 
+// GraphBucket is the key-value bucket holding captured graph definitions:
+// FABRIC_GRAPHS. The key of a graph is its name (the SHA-256 of its
+// encoded definition, in hex), so a definition is stored once and never
+// changes; entries do not expire.
+func (n Names) GraphBucket() string { return n.upper + "_GRAPHS" }
+
 // CheckpointObject names the checkpoint of device taken at stream sequence seq.
 func CheckpointObject(device string, seq uint64) string {
 	return "ckpt-" + device + "-" + strconv.FormatUint(seq, 10)

@@ -81,6 +81,9 @@ type device struct {
 		restoredAt uint64
 	}
 	stopErr error
+	// graphs are the validated graphs of replays (see graph.go). Device
+	// loop only.
+	graphs *graphCache
 	// fuseFailed: a fused group failed other than by ErrNotImplemented
 	// (logged once).
 	fuseFailed bool

@@ -36,7 +36,8 @@ type exec struct {
 	seq   uint64
 	reply string
 	enc   codec.Encoding
-	io    ioCount // bytes moved by this frame, for metrics
+	io    ioCount   // bytes moved by this frame, for metrics
+	graph *graphRun // the replay running, if any (see graph.go)
 	// mu guards io and the device's consumed list while a collective
 	// moves its pieces from several goroutines.
 	mu sync.Mutex
@@ -93,6 +94,8 @@ func (x *exec) op(i int, op *codec.Op) (closed bool) {
 		err = x.importT(i, op)
 	case opAllReduce, opAllGather, opReduceScatter, opBroadcast:
 		err = x.collective(i, op)
+	case opReplay:
+		err = x.replay(i, op)
 	case opClose:
 		x.s.freeAll(x.d)
 		if op.Tag != 0 {
@@ -111,6 +114,7 @@ func (x *exec) op(i int, op *codec.Op) (closed bool) {
 // failed records err for op i and marks its outputs failed.
 func (x *exec) failed(i int, op *codec.Op, err error) {
 	e := codec.Error{Seq: x.seq, Index: i, Op: op.Op, Code: codeOf(err), Message: err.Error()}
+	x.inGraph(&e)
 	var fe *failedInput
 	if errors.As(err, &fe) {
 		// Report the first cause on the ids this op would have made; the

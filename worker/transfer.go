@@ -231,10 +231,23 @@ func (x *exec) awaitKey(ctx context.Context, key string, accept func([]byte) boo
 	if ok, err := current(); ok || err != nil {
 		return err
 	}
+	// A put that reached the broker before the subscription but that the
+	// stream had not yet stored at the second look is in neither place:
+	// while nothing arrives, look again, at doubling intervals.
+	wait := keyRecheck
 	for {
-		m, err := sub.NextMsgWithContext(ctx)
+		mctx, cancel := context.WithTimeout(ctx, wait)
+		m, err := sub.NextMsgWithContext(mctx)
+		cancel()
 		if err != nil {
-			return err
+			if ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+				return err
+			}
+			if ok, err := current(); ok || err != nil {
+				return err
+			}
+			wait = min(2*wait, maxKeyRecheck)
+			continue
 		}
 		// A put; deletes and purges say so in a header.
 		if m.Header.Get(kvOperation) == "" && accept(m.Data) {
@@ -242,6 +255,13 @@ func (x *exec) awaitKey(ctx context.Context, key string, accept func([]byte) boo
 		}
 	}
 }
+
+// keyRecheck and maxKeyRecheck bound the intervals at which awaitKey looks
+// up a key again while its subscription is silent.
+const (
+	keyRecheck    = 20 * time.Millisecond
+	maxKeyRecheck = time.Second
+)
 
 // storeLag bounds how long a key seen on its subject may take to be
 // readable from the stream: a core subscriber can get a put before the

