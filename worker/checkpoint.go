@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -124,6 +125,9 @@ type ckptSnapshot struct {
 	sessions []snapSession
 	freed    []string
 	consumed []string
+	// small holds the bytes of every tensor of ckptInline bytes or less,
+	// copied one after another.
+	small []byte
 }
 
 type snapSession struct {
@@ -131,11 +135,16 @@ type snapSession struct {
 	tensors []snapTensor
 }
 
+// snapTensor is one live tensor in a snapshot. Its meta is read by the
+// writer from t (a tensor's meta never changes); its bytes are small[off:
+// off+n], or data, or the object of digest.
 type snapTensor struct {
-	ct ckptTensor
-	t  *kernels.Tensor
-	// data is the tensor's bytes for the writer to hash and store: its
-	// host memory (pinned) or a copy; nil when the digest is known.
+	id     uint64
+	t      *kernels.Tensor
+	off, n int    // n > 0: small
+	digest string // known: in the last committed checkpoint
+	// data is a large new tensor's bytes for the writer to hash and
+	// store: its host memory (pinned) or a copy.
 	data   []byte
 	pinned bool
 }
@@ -209,6 +218,8 @@ func (d *device) checkpoint(ctx context.Context) (*checkpointRef, error) {
 // snapshot takes the device's state for a checkpoint: nil when nothing ran
 // since the last one. Device loop only, no writer in flight.
 func (d *device) snapshot() (*ckptSnapshot, error) {
+	t0 := time.Now()
+	defer func() { d.m.snapNanos.Add(uint64(time.Since(t0))) }()
 	seq := d.applied.Load()
 	d.ck.mu.Lock()
 	last, digests := d.ck.seq, d.ck.digests
@@ -230,17 +241,22 @@ func (d *device) snapshot() (*ckptSnapshot, error) {
 				ss.Failed = append(ss.Failed, ckptFailed{ID: id, Err: *e.fail})
 				continue
 			}
-			st := snapTensor{ct: ckptTensor{ID: id, DType: uint8(e.t.DType), Shape: e.t.Shape}, t: e.t}
+			st := snapTensor{id: id, t: e.t}
 			n := e.t.Bytes()
 			switch dg, known := digests[e.t]; {
 			case n <= ckptInline:
-				st.ct.Data = make([]byte, n)
-				if err := b.Download(st.ct.Data, e.t.Buf); err != nil {
-					d.unpinSnapshot(snap)
-					return nil, fmt.Errorf("worker: checkpoint %s: download tensor %d: %w", d.cfg.Name, id, err)
+				st.off, st.n = len(snap.small), n
+				if h := hostView(e.t); h != nil {
+					snap.small = append(snap.small, h...)
+				} else {
+					snap.small = slices.Grow(snap.small, n)[:len(snap.small)+n]
+					if err := b.Download(snap.small[st.off:], e.t.Buf); err != nil {
+						d.unpinSnapshot(snap)
+						return nil, fmt.Errorf("worker: checkpoint %s: download tensor %d: %w", d.cfg.Name, id, err)
+					}
 				}
 			case known:
-				st.ct.Digest = dg
+				st.digest = dg
 			default:
 				if h := hostView(e.t); h != nil {
 					d.mem.pin(e.t.Buf)
@@ -313,6 +329,10 @@ func (d *device) writeCheckpoint(ctx context.Context, snap *ckptSnapshot) (ref *
 		cs.Tensors = make([]ckptTensor, 0, len(ss.tensors))
 		for j := range ss.tensors {
 			st := &ss.tensors[j]
+			ct := ckptTensor{ID: st.id, DType: uint8(st.t.DType), Shape: st.t.Shape, Digest: st.digest}
+			if st.n > 0 {
+				ct.Data = snap.small[st.off : st.off+st.n]
+			}
 			if st.data != nil {
 				// The object is named by the digest computed beside the
 				// write; bytes stored under that name already (the same
@@ -322,10 +342,10 @@ func (d *device) writeCheckpoint(ctx context.Context, snap *ckptSnapshot) (ref *
 						return tensorObject(d.cfg.Name, hex.EncodeToString(sum[:]))
 					}))
 				if err != nil {
-					return nil, fmt.Errorf("worker: checkpoint %s: store tensor %d: %w", d.cfg.Name, st.ct.ID, err)
+					return nil, fmt.Errorf("worker: checkpoint %s: store tensor %d: %w", d.cfg.Name, st.id, err)
 				}
-				st.ct.Digest = info.SHA256
-				if !have[st.ct.Digest] && !refs[st.ct.Digest] {
+				ct.Digest = info.SHA256
+				if !have[ct.Digest] && !refs[ct.Digest] {
 					written = append(written, info.Name)
 					wrote += int64(len(st.data))
 				}
@@ -335,11 +355,11 @@ func (d *device) writeCheckpoint(ctx context.Context, snap *ckptSnapshot) (ref *
 				}
 				st.data = nil
 			}
-			if st.ct.Digest != "" {
-				refs[st.ct.Digest] = true
-				digests[st.t] = st.ct.Digest
+			if ct.Digest != "" {
+				refs[ct.Digest] = true
+				digests[st.t] = ct.Digest
 			}
-			cs.Tensors = append(cs.Tensors, st.ct)
+			cs.Tensors = append(cs.Tensors, ct)
 		}
 		man.Sessions = append(man.Sessions, cs)
 	}
@@ -521,6 +541,7 @@ func (d *device) restoreTensor(ctx context.Context, magic string, ct ckptTensor,
 	}
 	n := m.Bytes()
 	var src []byte
+	fromObject := magic == ckptMagic && ct.Digest != ""
 	switch {
 	case magic == ckptMagicV1:
 		end := ct.Offset + int64(n)
@@ -540,7 +561,7 @@ func (d *device) restoreTensor(ctx context.Context, magic string, ct ckptTensor,
 	}
 	d.mem.held.Add(int64(buf.Bytes()))
 	t := &kernels.Tensor{Meta: m, Buf: buf}
-	if src == nil {
+	if fromObject {
 		name := tensorObject(d.cfg.Name, ct.Digest)
 		var info objectstore.Info
 		if h := hostView(t); h != nil {

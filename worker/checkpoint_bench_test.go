@@ -139,6 +139,7 @@ func BenchmarkCheckpoint(b *testing.B) {
 	wg.Go(func() { during, derr = latencies(ctx, small, &pause, stop) })
 	count := func() float64 { return metricValue(b, w, `jetfabric_device_checkpoints_total{device="cpu-0"}`) }
 	secs0 := metricValue(b, w, `jetfabric_device_checkpoint_seconds_total{device="cpu-0"}`)
+	snap0 := metricValue(b, w, `jetfabric_device_checkpoint_snapshot_seconds_total{device="cpu-0"}`)
 	var written, putSecs float64
 	b.ResetTimer()
 	for b.Loop() {
@@ -188,6 +189,8 @@ func BenchmarkCheckpoint(b *testing.B) {
 		_ = store.Delete(ctx, fmt.Sprintf("bench-put-%d", i))
 	}
 
+	snapSecs := metricValue(b, w, `jetfabric_device_checkpoint_snapshot_seconds_total{device="cpu-0"}`) - snap0
+	b.ReportMetric(snapSecs*1e3/float64(b.N), "snapshot-ms")
 	ckptMBs := written / 1e6 / ckptSecs
 	putMBs := float64(b.N*tensors*4*elems) / 1e6 / putSecs
 	b.ReportMetric(float64(quantile(base, 0.99).Microseconds())/1e3, "p99-ms-idle")
@@ -198,4 +201,55 @@ func BenchmarkCheckpoint(b *testing.B) {
 	b.ReportMetric(putMBs, "put-MB/s")
 	b.ReportMetric(ckptMBs/putMBs, "ckpt/put")
 	b.Logf("%d checkpoints of %d MiB; %d reads idle, %d during checkpoints", b.N, tensors*4*elems>>20, len(base), len(during))
+}
+
+// BenchmarkCheckpointSnapshot measures what a checkpoint of a session
+// with many small tensors stops the device loop for (the snapshot, in
+// which tensors of up to 64 KiB are copied) beside the whole checkpoint.
+// One iteration is one checkpoint.
+func BenchmarkCheckpointSnapshot(b *testing.B) {
+	for _, n := range []int{10_000, 150_000} {
+		b.Run(fmt.Sprintf("tensors=%d", n), func(b *testing.B) {
+			br := brokertest.Run(b)
+			w := workertest.Run(b, br, workertest.CPUs(1), func(c *worker.Config) {
+				c.CheckpointInterval = 0
+				c.Logf = nil
+			})
+			c, err := client.Connect(br.ClientURL())
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			ctx := context.Background()
+			s, err := c.Open(ctx, "cpu-0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			for i := range n {
+				s.Full([]int{4}, float64(i))
+			}
+			if err := s.Sync(ctx); err != nil {
+				b.Fatal(err)
+			}
+			count := func() float64 { return metricValue(b, w, `jetfabric_device_checkpoints_total{device="cpu-0"}`) }
+			snap0 := metricValue(b, w, `jetfabric_device_checkpoint_snapshot_seconds_total{device="cpu-0"}`)
+			ckpt0 := metricValue(b, w, `jetfabric_device_checkpoint_seconds_total{device="cpu-0"}`)
+			b.ResetTimer()
+			for b.Loop() {
+				s.Full([]int{4}, 1)
+				k := count()
+				s.Checkpoint()
+				if err := s.Sync(ctx); err != nil {
+					b.Fatal(err)
+				}
+				for count() == k {
+					time.Sleep(time.Millisecond)
+				}
+			}
+			snap := metricValue(b, w, `jetfabric_device_checkpoint_snapshot_seconds_total{device="cpu-0"}`) - snap0
+			ckpt := metricValue(b, w, `jetfabric_device_checkpoint_seconds_total{device="cpu-0"}`) - ckpt0
+			b.ReportMetric(snap*1e3/float64(b.N), "snapshot-ms")
+			b.ReportMetric(ckpt*1e3/float64(b.N), "ckpt-ms")
+		})
+	}
 }

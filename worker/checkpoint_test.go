@@ -111,7 +111,7 @@ func TestCheckpointsAreIncremental(t *testing.T) {
 	lastBytes := func() float64 {
 		return scrape(t, srv.URL)[`jetfabric_device_checkpoint_bytes{device="cpu-0"}`]
 	}
-	commit(fmt.Sprintf(`{"op":"arange","out":[1],"stop":%d,"dtype":"f32"},{"op":"full","out":[9],"shape":[3],"value":7},`, n), 1)
+	commit(fmt.Sprintf(`{"op":"arange","out":[1],"stop":%d,"dtype":"f32"},{"op":"full","out":[9],"shape":[3],"value":7},{"op":"full","out":[8],"shape":[0]},`, n), 1)
 	if got := lastBytes(); got < 4*n {
 		t.Fatalf("first checkpoint wrote %v bytes, want at least %d", got, 4*n)
 	}
@@ -141,7 +141,7 @@ func TestCheckpointsAreIncremental(t *testing.T) {
 	}
 	startWorker(t, b, func(c *worker.Config) { c.CheckpointInterval = 0; c.ID = "second" })
 	r.sendJSON(fmt.Sprintf(`{"v":1,"ops":[{"op":"arange","out":[4],"stop":%d,"dtype":"f32"},{"op":"add","out":[5],"in":[2,4]},
-		{"op":"abs","out":[6],"in":[5]},{"op":"sum","out":[7],"in":[6]},{"op":"read","in":[7],"tag":2},{"op":"read","in":[9],"tag":3},{"op":"read","in":[1],"tag":4}]}`, n))
+		{"op":"abs","out":[6],"in":[5]},{"op":"sum","out":[7],"in":[6]},{"op":"read","in":[7],"tag":2},{"op":"read","in":[9],"tag":3},{"op":"read","in":[1],"tag":4},{"op":"read","in":[8],"tag":5}]}`, n))
 	if res := r.resultWithin(20 * time.Second); len(res.Errors) > 0 || res.Tensor == nil || res.Tensor.Values[0] != 0 {
 		t.Fatalf("restored tensor 2 is not -arange: %+v", res)
 	}
@@ -150,6 +150,9 @@ func TestCheckpointsAreIncremental(t *testing.T) {
 	}
 	if res := r.result(); len(res.Errors) != 1 || res.Errors[0].Code != codec.CodeUnknownID {
 		t.Fatalf("freed tensor after the restore: %+v", res)
+	}
+	if res := r.result(); len(res.Errors) > 0 || res.Tensor == nil || len(res.Tensor.Shape) != 1 || res.Tensor.Shape[0] != 0 {
+		t.Fatalf("restored empty tensor: %+v", res)
 	}
 	r.sendJSON(`{"v":1,"ops":[{"op":"checkpoint"}]}`)
 	checkFor(t, 20*time.Second, 20*time.Millisecond, func() error {

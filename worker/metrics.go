@@ -35,6 +35,9 @@ type metrics struct {
 	pending atomic.Uint64
 	// checkpoints committed, their total time and the size of the last.
 	checkpoints, ckptNanos, ckptBytes atomic.Uint64
+	// snapNanos is the time the device loop spent taking checkpoint
+	// snapshots: all that a checkpoint stops the loop for.
+	snapNanos atomic.Uint64
 	// fusedGroups run on a fusing backend and the ops they covered.
 	fusedGroups, fusedOps atomic.Uint64
 }
@@ -121,7 +124,9 @@ func (w *Worker) WriteMetrics(out io.Writer) error {
 			func(d *device) float64 { return float64(d.m.checkpoints.Load()) }},
 		{"jetfabric_device_checkpoint_seconds_total", "counter", "Time spent writing and committing checkpoints.",
 			func(d *device) float64 { return float64(d.m.ckptNanos.Load()) / 1e9 }},
-		{"jetfabric_device_checkpoint_bytes", "gauge", "Size of the last checkpoint.",
+		{"jetfabric_device_checkpoint_snapshot_seconds_total", "counter", "Time the device loop spent taking checkpoint snapshots (the checkpoints are written beside the loop).",
+			func(d *device) float64 { return float64(d.m.snapNanos.Load()) / 1e9 }},
+		{"jetfabric_device_checkpoint_bytes", "gauge", "Bytes the last checkpoint wrote (new tensors and its manifest).",
 			func(d *device) float64 { return float64(d.m.ckptBytes.Load()) }},
 		{"jetfabric_device_fused_groups_total", "counter", "Runs of elementwise ops executed as one fused kernel.",
 			func(d *device) float64 { return float64(d.m.fusedGroups.Load()) }},
