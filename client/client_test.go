@@ -394,7 +394,7 @@ func TestSessionLiveness(t *testing.T) {
 	b := brokertest.Run(t)
 	workertest.Run(t, b, workertest.CPUs(1), func(c *worker.Config) {
 		c.Heartbeat = 100 * time.Millisecond
-		c.IdleTimeout = 400 * time.Millisecond
+		c.IdleTimeout = time.Second
 	})
 	connect := func(opts ...client.Option) *client.Client {
 		c, err := client.Connect(b.ClientURL(), opts...)

@@ -20,7 +20,9 @@ import (
 // other is freed after the idle timeout.
 func TestHeartbeatKeepsSession(t *testing.T) {
 	b := brokertest.Run(t)
-	startWorker(t, b, func(c *worker.Config) { c.IdleTimeout = 300 * time.Millisecond })
+	// Beats every 50 ms against a 1 s timeout: a loaded machine may delay a
+	// few.
+	startWorker(t, b, func(c *worker.Config) { c.IdleTimeout = time.Second })
 	live, dead := newRaw(t, b, "fabric.ops.cpu-0.live"), newRaw(t, b, "fabric.ops.cpu-0.dead")
 	for _, r := range []*rawSession{live, dead} {
 		r.sendJSON(`{"v":1,"ops":[{"op":"full","out":[1],"shape":[1],"value":4},{"op":"sync","tag":1}]}`)
