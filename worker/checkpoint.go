@@ -499,6 +499,10 @@ func (d *device) restore(ctx context.Context) (uint64, error) {
 	now := time.Now()
 	digests := map[*kernels.Tensor]string{}
 	objects := map[string]bool{}
+	// Tensor objects are read several at a time once every tensor is
+	// allocated; upload serialises the backend's uploads.
+	var fetches []func() error
+	var upload sync.Mutex
 	for _, cs := range man.Sessions {
 		s := newSession(cs.ID)
 		s.seed, s.pending, s.last = cs.Seed, cs.Pending, now
@@ -508,9 +512,17 @@ func (d *device) restore(ctx context.Context) (uint64, error) {
 		}
 		d.sessions[cs.ID] = s
 		for _, ct := range cs.Tensors {
-			t, err := d.restoreTensor(ctx, magic, ct, data)
+			t, fetch, err := d.restoreTensor(ctx, magic, ct, data, &upload)
 			if err != nil {
 				return 0, fmt.Errorf("worker: %s: checkpoint %s: tensor %d: %w", d.cfg.Name, ref.Object, ct.ID, err)
+			}
+			if fetch != nil {
+				fetches = append(fetches, func() error {
+					if err := fetch(); err != nil {
+						return fmt.Errorf("worker: %s: checkpoint %s: tensor %d: %w", d.cfg.Name, ref.Object, ct.ID, err)
+					}
+					return nil
+				})
 			}
 			s.tensors[ct.ID] = entry{t: t}
 			s.bytes += int64(t.Buf.Bytes())
@@ -518,6 +530,9 @@ func (d *device) restore(ctx context.Context) (uint64, error) {
 				digests[t], objects[ct.Digest] = ct.Digest, true
 			}
 		}
+	}
+	if err := runAll(fetches, restoreReaders); err != nil {
+		return 0, err
 	}
 	for _, id := range man.Freed {
 		d.noteFreed(id, now)
@@ -529,15 +544,53 @@ func (d *device) restore(ctx context.Context) (uint64, error) {
 	return man.Seq, nil
 }
 
+// restoreReaders is how many tensor objects a restore reads at once.
+const restoreReaders = 4
+
+// runAll runs fns, n at a time, and returns the first error.
+func runAll(fns []func() error, n int) error {
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+		next  int
+	)
+	for range min(n, len(fns)) {
+		wg.Go(func() {
+			for {
+				mu.Lock()
+				if next == len(fns) || first != nil {
+					mu.Unlock()
+					return
+				}
+				fn := fns[next]
+				next++
+				mu.Unlock()
+				if err := fn(); err != nil {
+					mu.Lock()
+					if first == nil {
+						first = err
+					}
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return first
+}
+
 // restoreTensor makes one tensor of a checkpoint: from data at its offset
-// (version 1), inline, or from its object (version 2).
-func (d *device) restoreTensor(ctx context.Context, magic string, ct ckptTensor, data []byte) (*kernels.Tensor, error) {
+// (version 1), inline, or from its object (version 2). For an object it
+// allocates the tensor and returns fetch, which reads the object into it
+// (the backend's uploads under upload).
+func (d *device) restoreTensor(ctx context.Context, magic string, ct ckptTensor, data []byte, upload *sync.Mutex) (t *kernels.Tensor, fetch func() error, err error) {
 	m := kernels.Meta{DType: kernels.DType(ct.DType), Shape: ct.Shape}
 	if !m.DType.Valid() {
-		return nil, fmt.Errorf("dtype %d", ct.DType)
+		return nil, nil, fmt.Errorf("dtype %d", ct.DType)
 	}
 	if err := kernels.CheckShape(m.Shape, d.w.cfg.Limits.Tensor); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	n := m.Bytes()
 	var src []byte
@@ -546,24 +599,34 @@ func (d *device) restoreTensor(ctx context.Context, magic string, ct ckptTensor,
 	case magic == ckptMagicV1:
 		end := ct.Offset + int64(n)
 		if ct.Offset < 0 || end > int64(len(data)) {
-			return nil, errors.New("out of bounds")
+			return nil, nil, errors.New("out of bounds")
 		}
 		src = data[ct.Offset:end]
-	case ct.Digest == "":
+	case !fromObject:
 		if len(ct.Data) != n {
-			return nil, fmt.Errorf("%d bytes inline, %d needed", len(ct.Data), n)
+			return nil, nil, fmt.Errorf("%d bytes inline, %d needed", len(ct.Data), n)
 		}
 		src = ct.Data
 	}
 	buf, err := d.cfg.Backend.Alloc(n)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	d.mem.held.Add(int64(buf.Bytes()))
-	t := &kernels.Tensor{Meta: m, Buf: buf}
-	if fromObject {
+	t = &kernels.Tensor{Meta: m, Buf: buf}
+	if !fromObject {
+		if err := d.cfg.Backend.Upload(buf, src); err != nil {
+			d.backendFree(buf)
+			return nil, nil, err
+		}
+		return t, nil, nil
+	}
+	// The tensor is in the session table before it is fetched: a failed
+	// fetch fails the restore, and the step down frees it.
+	return t, func() error {
 		name := tensorObject(d.cfg.Name, ct.Digest)
 		var info objectstore.Info
+		var err error
 		if h := hostView(t); h != nil {
 			info, err = d.w.ckpt.GetInto(ctx, name, h)
 		} else if src, info, err = d.w.ckpt.Get(ctx, name); err == nil && info.Size != int64(n) {
@@ -572,17 +635,11 @@ func (d *device) restoreTensor(ctx context.Context, magic string, ct ckptTensor,
 		if err == nil && info.SHA256 != ct.Digest {
 			err = fmt.Errorf("object %s has digest %s, the manifest names %s", name, info.SHA256, ct.Digest)
 		}
-		if err != nil {
-			d.backendFree(buf)
-			return nil, err
+		if err != nil || src == nil {
+			return err
 		}
-		if src == nil {
-			return t, nil
-		}
-	}
-	if err := d.cfg.Backend.Upload(buf, src); err != nil {
-		d.backendFree(buf)
-		return nil, err
-	}
-	return t, nil
+		upload.Lock()
+		defer upload.Unlock()
+		return d.cfg.Backend.Upload(buf, src)
+	}, nil
 }

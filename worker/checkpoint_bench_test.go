@@ -253,3 +253,58 @@ func BenchmarkCheckpointSnapshot(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkRestore measures a takeover's restore of a device whose
+// checkpoint holds 8 tensors of 32 MiB: from a worker's Start to its
+// device serving. One iteration is one worker started and stopped.
+func BenchmarkRestore(b *testing.B) {
+	const tensors, elems = 8, 8 << 20
+	br := brokertest.Run(b)
+	quiet := func(c *worker.Config) {
+		c.CheckpointInterval = 0
+		c.Logf = nil
+	}
+	first := workertest.Run(b, br, workertest.CPUs(1), quiet)
+	c, err := client.Connect(br.ClientURL())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	s, err := c.Open(ctx, "cpu-0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for range tensors {
+		s.Uniform([]int{elems}, -1, 1)
+	}
+	if err := s.Sync(ctx); err != nil {
+		b.Fatal(err)
+	}
+	if err := first.Stop(ctx); err != nil { // writes the checkpoint
+		b.Fatal(err)
+	}
+	b.SetBytes(tensors * 4 * elems)
+	for b.Loop() {
+		nc, err := nats.Connect(br.ClientURL())
+		if err != nil {
+			b.Fatal(err)
+		}
+		cfg := worker.DefaultConfig()
+		cfg.Devices = workertest.CPUs(1)
+		quiet(&cfg)
+		w, err := worker.New(nc, cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := w.Start(ctx); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		if err := w.Stop(ctx); err != nil {
+			b.Fatal(err)
+		}
+		nc.Close()
+		b.StartTimer()
+	}
+}
