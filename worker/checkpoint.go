@@ -188,6 +188,12 @@ func (d *device) startCheckpoint() bool {
 // waitCheckpoint waits for the writer in flight, if any; with abandon it
 // cancels it first.
 func (d *device) waitCheckpoint(abandon bool) {
+	d.waitCheckpointCtx(context.Background(), abandon)
+}
+
+// waitCheckpointCtx is waitCheckpoint that cancels the writer when ctx
+// ends first.
+func (d *device) waitCheckpointCtx(ctx context.Context, abandon bool) {
 	d.ck.mu.Lock()
 	done, cancel := d.ck.done, d.ck.cancel
 	d.ck.mu.Unlock()
@@ -197,7 +203,12 @@ func (d *device) waitCheckpoint(abandon bool) {
 	if abandon {
 		cancel()
 	}
-	<-done
+	select {
+	case <-done:
+	case <-ctx.Done():
+		cancel()
+		<-done
+	}
 }
 
 // checkpoint writes and commits a checkpoint at the last applied sequence
@@ -205,7 +216,7 @@ func (d *device) waitCheckpoint(abandon bool) {
 // reference committed, or nil when nothing was applied since the last
 // checkpoint. Device loop only (or after it stopped).
 func (d *device) checkpoint(ctx context.Context) (*checkpointRef, error) {
-	d.waitCheckpoint(false)
+	d.waitCheckpointCtx(ctx, false)
 	d.drainFrees()
 	snap, err := d.snapshot()
 	if err != nil || snap == nil {
