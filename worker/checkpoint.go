@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
@@ -128,6 +129,9 @@ type ckptSnapshot struct {
 	// small holds the bytes of every tensor of ckptInline bytes or less,
 	// copied one after another.
 	small []byte
+	// sweep: the writer runs beside the loop and may take the time to
+	// delete stray objects (see sweepCheckpoints).
+	sweep bool
 }
 
 type snapSession struct {
@@ -172,6 +176,7 @@ func (d *device) startCheckpoint() bool {
 	d.ck.done, d.ck.cancel = done, cancel
 	d.ck.mu.Unlock()
 	d.consumed = nil
+	snap.sweep = true
 	go func() {
 		defer close(done)
 		defer cancel()
@@ -416,8 +421,10 @@ func (d *device) writeCheckpoint(ctx context.Context, snap *ckptSnapshot) (ref *
 		}
 	}
 	d.dropObjects(ctx, snap.consumed)
-	if !d.ck.swept {
-		d.ck.swept = d.sweepCheckpoints(ctx, name, refs)
+	if !d.ck.swept && snap.sweep {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		d.ck.swept = d.sweepCheckpoints(sctx, name, refs)
+		cancel()
 	}
 	d.m.checkpoint(took, info.Size+wrote)
 	d.w.logf("worker: %s: checkpoint at sequence %d: %d sessions, %d tensor objects (%d bytes written, %d new) in %v",
@@ -429,33 +436,40 @@ func (d *device) writeCheckpoint(ctx context.Context, snap *ckptSnapshot) (ref *
 // the manifest committed nor its tensors are, and reports whether it could
 // list them.
 func (d *device) sweepCheckpoints(ctx context.Context, manifest string, refs map[string]bool) bool {
-	store, err := d.w.js.ObjectStore(ctx, d.w.names.CkptBucket())
+	// The names are read from the subjects of the bucket's metas (each
+	// name base64url-encoded), with no consumer.
+	bucket := d.w.names.CkptBucket()
+	stream, err := d.w.js.Stream(ctx, "OBJ_"+bucket)
 	if err != nil {
 		return false
 	}
-	list, err := store.List(ctx)
-	if errors.Is(err, jetstream.ErrNoObjectsFound) {
-		return true
-	} else if err != nil {
+	prefix := "$O." + bucket + ".M."
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(prefix+">"))
+	if err != nil {
 		d.w.logf("worker: %s: list checkpoint objects: %v", d.cfg.Name, err)
 		return false
 	}
 	tensors, manifests := tensorObject(d.cfg.Name, ""), subjects.CheckpointObject(d.cfg.Name, 0)
 	manifests = manifests[:len(manifests)-1]
-	for _, o := range list {
-		dg, isTensor := strings.CutPrefix(o.Name, tensors)
+	for subj := range info.State.Subjects {
+		raw, err := base64.URLEncoding.DecodeString(strings.TrimPrefix(subj, prefix))
+		if err != nil {
+			continue
+		}
+		name := string(raw)
+		dg, isTensor := strings.CutPrefix(name, tensors)
 		isTensor = isTensor && len(dg) == 2*sha256.Size && strings.Trim(dg, "0123456789abcdef") == ""
-		seq, isManifest := strings.CutPrefix(o.Name, manifests)
+		seq, isManifest := strings.CutPrefix(name, manifests)
 		switch {
-		case o.Deleted || o.Name == manifest:
+		case name == manifest:
 			continue
 		case isTensor && !refs[dg]:
 		case !isTensor && isManifest && seq != "" && strings.Trim(seq, "0123456789") == "":
 		default:
 			continue
 		}
-		if err := d.w.ckpt.Delete(ctx, o.Name); err != nil && !errors.Is(err, objectstore.ErrNotFound) {
-			d.w.logf("worker: %s: delete stray checkpoint object %s: %v", d.cfg.Name, o.Name, err)
+		if err := d.w.ckpt.Delete(ctx, name); err != nil && !errors.Is(err, objectstore.ErrNotFound) {
+			d.w.logf("worker: %s: delete stray checkpoint object %s: %v", d.cfg.Name, name, err)
 		}
 	}
 	return true
