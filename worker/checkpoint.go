@@ -267,6 +267,7 @@ func (d *device) snapshot() (*ckptSnapshot, error) {
 				} else {
 					snap.small = slices.Grow(snap.small, n)[:len(snap.small)+n]
 					if err := b.Download(snap.small[st.off:], e.t.Buf); err != nil {
+						d.unpinTensors(ss.tensors)
 						d.unpinSnapshot(snap)
 						return nil, fmt.Errorf("worker: checkpoint %s: download tensor %d: %w", d.cfg.Name, id, err)
 					}
@@ -280,6 +281,7 @@ func (d *device) snapshot() (*ckptSnapshot, error) {
 				} else {
 					st.data = make([]byte, n)
 					if err := b.Download(st.data, e.t.Buf); err != nil {
+						d.unpinTensors(ss.tensors)
 						d.unpinSnapshot(snap)
 						return nil, fmt.Errorf("worker: checkpoint %s: download tensor %d: %w", d.cfg.Name, id, err)
 					}
@@ -295,12 +297,15 @@ func (d *device) snapshot() (*ckptSnapshot, error) {
 // unpinSnapshot releases every tensor the snapshot still pins.
 func (d *device) unpinSnapshot(snap *ckptSnapshot) {
 	for i := range snap.sessions {
-		for j := range snap.sessions[i].tensors {
-			st := &snap.sessions[i].tensors[j]
-			if st.pinned {
-				d.mem.unpin(st.t.Buf)
-				st.pinned, st.data = false, nil
-			}
+		d.unpinTensors(snap.sessions[i].tensors)
+	}
+}
+
+func (d *device) unpinTensors(ts []snapTensor) {
+	for j := range ts {
+		if st := &ts[j]; st.pinned {
+			d.mem.unpin(st.t.Buf)
+			st.pinned, st.data = false, nil
 		}
 	}
 }
