@@ -304,6 +304,7 @@ func TestBadOptions(t *testing.T) {
 		"window0":   client.WithPublishWindow(0),
 		"objects":   client.WithObjectTimeout(0),
 		"heartbeat": client.WithHeartbeat(-time.Second),
+		"device":    client.WithDeviceTimeout(-time.Second),
 	} {
 		if _, err := client.Connect("nats://127.0.0.1:1", o); !errors.Is(err, client.ErrInvalidOption) {
 			t.Errorf("%s: %v", name, err)
@@ -443,4 +444,33 @@ func checkFor(t testing.TB, total, step time.Duration, fn func() error) {
 		}
 		time.Sleep(step)
 	}
+}
+
+// TestNoWorkerFailsTheCall: a read on a device that no worker serves any
+// more (its worker stopped, no standby) fails with ErrNoDevice after the
+// device timeout, not at the caller's deadline.
+func TestNoWorkerFailsTheCall(t *testing.T) {
+	b := brokertest.Run(t)
+	w := workertest.Run(t, b, workertest.CPUs(1), func(c *worker.Config) { c.Heartbeat = 100 * time.Millisecond })
+	c, err := client.Connect(b.ClientURL(), client.WithDeviceTimeout(500*time.Millisecond), client.WithFrameCheck(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s := open(t, c, "cpu-0")
+	x := s.Full([]int{2}, 1)
+	if err := s.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err = x.Float32s(ctx)
+	if !errors.Is(err, client.ErrNoDevice) || ctx.Err() != nil {
+		t.Fatalf("read with no worker: %v after %v, want ErrNoDevice before the deadline", err, time.Since(start))
+	}
+	t.Logf("%v after %v", err, time.Since(start).Round(time.Millisecond))
 }

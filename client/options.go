@@ -20,6 +20,7 @@ type options struct {
 	frameCheck    time.Duration
 	objectTimeout time.Duration
 	heartbeat     time.Duration
+	deviceTimeout time.Duration
 }
 
 func defaultOptions() options {
@@ -33,6 +34,21 @@ func defaultOptions() options {
 		frameCheck:    200 * time.Millisecond,
 		objectTimeout: 5 * time.Second,
 		heartbeat:     30 * time.Second,
+		deviceTimeout: 30 * time.Second,
+	}
+}
+
+// WithDeviceTimeout sets how long a read or sync waits for a device that
+// no worker serves (no serving registry entry with a recent heartbeat)
+// before it fails with ErrNoDevice (default 30s; 0: wait for ctx alone).
+// A standby takes a device over within seconds of its worker's death.
+func WithDeviceTimeout(d time.Duration) Option {
+	return func(o *options) error {
+		if d < 0 {
+			return fmt.Errorf("%w: device timeout %v", ErrInvalidOption, d)
+		}
+		o.deviceTimeout = d
+		return nil
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -349,7 +350,8 @@ func (s *Session) call(ctx context.Context, op codec.Op) (*codec.Result, error) 
 	check := time.NewTimer(wait)
 	defer check.Stop()
 	start := time.Now()
-	misses := 0 // checks that found the frame not in the stream
+	misses := 0        // checks that found the frame not in the stream
+	var down time.Time // since when the device has had no live worker
 	for {
 		select {
 		case r := <-ch:
@@ -361,7 +363,14 @@ func (s *Session) call(ctx context.Context, op codec.Op) (*codec.Result, error) 
 			state, why := s.check(ctx, frame, size)
 			if state == frameStored {
 				// The answer comes when the worker gets to the frame (or
-				// a worker taking the device over replays it).
+				// a worker taking the device over replays it), unless no
+				// worker serves the device any more.
+				if err := s.deviceGone(ctx, &down); err != nil {
+					s.drop(op.Tag)
+					return nil, errors.Join(s.collect(nil), fmt.Errorf("client: %s on %s: %w", op.Op, s.device, err))
+				}
+				wait = min(2*wait, maxFrameCheck, max(s.c.opts.deviceTimeout/2, s.c.opts.frameCheck))
+				check.Reset(wait)
 				continue
 			}
 			if state != frameUnknown {
@@ -466,6 +475,44 @@ func (s *Session) check(ctx context.Context, n uint64, size int) (state frameSta
 		return frameRefused, fmt.Errorf("%s: the stream is full (%d of %d messages, discard new)", what, st.Msgs, cfg.MaxMsgs)
 	}
 	return frameMissing, fmt.Errorf("%s: it was refused for a reason its limits do not show, lost with a broken connection, or is still not stored", what)
+}
+
+// deviceGone reads the device's registry entry and returns an error
+// wrapping ErrNoDevice once it has shown no live worker (serving, with a
+// recent heartbeat) since *down for longer than the device timeout. A
+// registry it cannot read says nothing.
+func (s *Session) deviceGone(ctx context.Context, down *time.Time) error {
+	if s.c.opts.deviceTimeout <= 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, max(s.c.opts.frameCheck, 2*time.Second))
+	defer cancel()
+	kv, err := s.c.js.KeyValue(ctx, s.c.names.CtrlBucket())
+	if err != nil {
+		return nil
+	}
+	e, err := kv.Get(ctx, subjects.DeviceKey(s.device))
+	now := time.Now()
+	var d Device
+	switch {
+	case err == nil && json.Unmarshal(e.Value(), &d) == nil && Live(d, now):
+		*down = time.Time{}
+		return nil
+	case err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) && !errors.Is(err, jetstream.ErrKeyDeleted):
+		return nil
+	}
+	if down.IsZero() {
+		*down = now
+		return nil
+	}
+	if gone := now.Sub(*down); gone > s.c.opts.deviceTimeout {
+		state := "not registered"
+		if d.Name != "" {
+			state = fmt.Sprintf("%s, last heartbeat %v ago", d.State, now.Sub(d.Beat).Round(100*time.Millisecond))
+		}
+		return fmt.Errorf("%w: no worker has served %s for %v (%s); the frame stays in the stream for a worker that takes the device", ErrNoDevice, s.device, gone.Round(100*time.Millisecond), state)
+	}
+	return nil
 }
 
 func (s *Session) drop(tag uint64) {
