@@ -58,6 +58,8 @@ func TestCheckpointWhileRunning(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Devices = []Device{{Name: "cpu-0", Kind: "cpu", Backend: cpu.New(cpu.WithCache(0))}}
 	cfg.CheckpointInterval = 0
+	cfg.Heartbeat = 100 * time.Millisecond
+	cfg.LeaseTTL = 300 * time.Millisecond
 	cfg.Logf = t.Logf
 	w, err := New(nc, cfg)
 	if err != nil {
@@ -114,6 +116,31 @@ func TestCheckpointWhileRunning(t *testing.T) {
 		if len(r.Errors) > 0 || r.Tensor == nil || r.Tensor.Values[0] != float64(i) {
 			t.Fatalf("frame %d during the checkpoint: %+v", i, r)
 		}
+	}
+	// Registry heartbeats and lease renewals go on: the entry's beat moves
+	// on by more than a lease TTL, and the lease is still this worker's.
+	kv, err := js.KeyValue(ctx, "FABRIC_CTRL")
+	if err != nil {
+		t.Fatal(err)
+	}
+	beat := func() time.Time {
+		e, err := kv.Get(ctx, subjects.DeviceKey("cpu-0"))
+		if err != nil {
+			return time.Time{}
+		}
+		var dev codec.Device
+		_ = json.Unmarshal(e.Value(), &dev)
+		return dev.Beat
+	}
+	b0 := beat()
+	checkUntil(t, 20*time.Second, func() error {
+		if b := beat(); b.Sub(b0) < 2*cfg.LeaseTTL {
+			return fmt.Errorf("registry beat %v, %v at the checkpoint's start", b, b0)
+		}
+		return nil
+	})
+	if !d.serving() {
+		t.Fatal("the lease was lost while a checkpoint was written")
 	}
 	// Freeing the tensor the checkpoint reads defers its memory.
 	send(`{"v":1,"ops":[{"op":"free","in":[1]},{"op":"sync","tag":3}]}`)
