@@ -33,6 +33,12 @@ type Client struct {
 	sessions map[string]*Session // by op subject, for the stream's acknowledgements
 	xfer     *objectstore.Store
 	closed   bool
+
+	// beating: the heartbeat goroutine runs (started by the first Open);
+	// stop ends it and wg waits for it.
+	beating bool
+	stop    chan struct{}
+	wg      sync.WaitGroup
 }
 
 // Connect dials url and returns a client that owns the connection.
@@ -80,7 +86,7 @@ func newClient(nc *nats.Conn, o options) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{opts: o, names: names, nc: nc, sessions: map[string]*Session{}}
+	c := &Client{opts: o, names: names, nc: nc, sessions: map[string]*Session{}, stop: make(chan struct{})}
 	c.js, err = jetstream.New(nc,
 		jetstream.WithPublishAsyncMaxPending(o.window),
 		jetstream.WithPublishAsyncAckHandler(func(_ jetstream.JetStream, m *nats.Msg, _ *jetstream.PubAck) { c.published(m, nil) }),
@@ -207,6 +213,10 @@ func (c *Client) Open(ctx context.Context, device string) (*Session, error) {
 		return nil, ErrClosed
 	}
 	c.sessions[s.subject] = s
+	if !c.beating && c.opts.heartbeat > 0 {
+		c.beating = true
+		c.wg.Go(c.heartbeat)
+	}
 	return s, nil
 }
 
@@ -244,7 +254,9 @@ func (c *Client) Close() error {
 	for _, s := range c.sessions {
 		sessions = append(sessions, s)
 	}
+	close(c.stop)
 	c.mu.Unlock()
+	c.wg.Wait()
 	for _, s := range sessions {
 		s.abandon()
 	}
@@ -252,4 +264,31 @@ func (c *Client) Close() error {
 		c.nc.Close()
 	}
 	return nil
+}
+
+// heartbeat tells the workers, every opts.heartbeat, that the client's
+// open sessions are alive, so that a session waiting for its client (a
+// long computation on the client's side, a person at a prompt) is not
+// freed as idle. It publishes over core NATS and waits for nothing. It
+// runs from the first Open until Close.
+func (c *Client) heartbeat() {
+	t := time.NewTicker(c.opts.heartbeat)
+	defer t.Stop()
+	var subjects []string
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+		}
+		subjects = subjects[:0]
+		c.mu.Lock()
+		for _, s := range c.sessions {
+			subjects = append(subjects, c.names.Alive(s.device, s.id))
+		}
+		c.mu.Unlock()
+		for _, subj := range subjects {
+			_ = c.nc.Publish(subj, nil) // a lost beat is made up by the next
+		}
+	}
 }

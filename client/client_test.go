@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"sync/atomic"
@@ -295,13 +296,15 @@ func TestClosedSession(t *testing.T) {
 
 func TestBadOptions(t *testing.T) {
 	for name, o := range map[string]client.Option{
-		"prefix":  client.WithPrefix("a.b"),
-		"delay":   client.WithFlushDelay(0),
-		"frame":   client.WithMaxFrame(0, 1<<20),
-		"bytes":   client.WithMaxFrame(10, 1<<30),
-		"inline":  client.WithInlineUpload(100 << 20),
-		"window0": client.WithPublishWindow(0),
-		"objects": client.WithObjectTimeout(0),
+		"prefix":    client.WithPrefix("a.b"),
+		"delay":     client.WithFlushDelay(0),
+		"frame":     client.WithMaxFrame(0, 1<<20),
+		"bytes":     client.WithMaxFrame(10, 1<<30),
+		"inline":    client.WithInlineUpload(100 << 20),
+		"window0":   client.WithPublishWindow(0),
+		"objects":   client.WithObjectTimeout(0),
+		"heartbeat": client.WithHeartbeat(-time.Second),
+		"device":    client.WithDeviceTimeout(-time.Second),
 	} {
 		if _, err := client.Connect("nats://127.0.0.1:1", o); !errors.Is(err, client.ErrInvalidOption) {
 			t.Errorf("%s: %v", name, err)
@@ -383,4 +386,91 @@ func TestReadAsksAgainWhenTheWriterStops(t *testing.T) {
 	if n := reads.Load(); n != 2 {
 		t.Errorf("the stand-in answered %d reads, want 2", n)
 	}
+}
+
+// TestSessionLiveness: a client that beats keeps an idle session; one that
+// does not (its process died, say) has it freed after the worker's idle
+// timeout, and its next read says so.
+func TestSessionLiveness(t *testing.T) {
+	b := brokertest.Run(t)
+	workertest.Run(t, b, workertest.CPUs(1), func(c *worker.Config) {
+		c.Heartbeat = 100 * time.Millisecond
+		c.IdleTimeout = time.Second
+	})
+	connect := func(opts ...client.Option) *client.Client {
+		c, err := client.Connect(b.ClientURL(), opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	alive, silent := connect(client.WithHeartbeat(50*time.Millisecond)), connect(client.WithHeartbeat(0))
+	ctx := context.Background()
+	sa, ss := open(t, alive, "cpu-0"), open(t, silent, "cpu-0")
+	xa, xs := sa.Full([]int{2}, 3), ss.Full([]int{2}, 5)
+	if err := sa.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := ss.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Wait until the worker has freed one of the two sessions.
+	checkFor(t, 15*time.Second, 20*time.Millisecond, func() error {
+		devs, err := alive.Devices(ctx)
+		if err != nil || len(devs) != 1 || devs[0].Sessions != 1 {
+			return fmt.Errorf("devices %+v, %v; want one session", devs, err)
+		}
+		return nil
+	})
+	expect(t, "the beating session", read(t, xa), 3, 3)
+	if _, err := xs.Float32s(ctx); !errors.Is(err, client.ErrSessionFreed) {
+		t.Fatalf("read on a freed session: %v, want ErrSessionFreed", err)
+	}
+}
+
+// checkFor polls fn every step until it returns nil, failing the test
+// with its last error after total.
+func checkFor(t testing.TB, total, step time.Duration, fn func() error) {
+	t.Helper()
+	deadline := time.Now().Add(total)
+	for {
+		err := fn()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v: %v", total, err)
+		}
+		time.Sleep(step)
+	}
+}
+
+// TestNoWorkerFailsTheCall: a read on a device that no worker serves any
+// more (its worker stopped, no standby) fails with ErrNoDevice after the
+// device timeout, not at the caller's deadline.
+func TestNoWorkerFailsTheCall(t *testing.T) {
+	b := brokertest.Run(t)
+	w := workertest.Run(t, b, workertest.CPUs(1), func(c *worker.Config) { c.Heartbeat = 100 * time.Millisecond })
+	c, err := client.Connect(b.ClientURL(), client.WithDeviceTimeout(500*time.Millisecond), client.WithFrameCheck(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s := open(t, c, "cpu-0")
+	x := s.Full([]int{2}, 1)
+	if err := s.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err = x.Float32s(ctx)
+	if !errors.Is(err, client.ErrNoDevice) || ctx.Err() != nil {
+		t.Fatalf("read with no worker: %v after %v, want ErrNoDevice before the deadline", err, time.Since(start))
+	}
+	t.Logf("%v after %v", err, time.Since(start).Round(time.Millisecond))
 }

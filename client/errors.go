@@ -18,4 +18,8 @@ var (
 	// ErrPublish: a frame was not stored: the stream refused it, or no
 	// stream captures its subject.
 	ErrPublish = errors.New("client: frame not accepted")
+	// ErrSessionFreed: the worker freed the session (it saw no frame and
+	// no heartbeat from the client for its idle timeout); its tensors are
+	// gone. Open a new session.
+	ErrSessionFreed = errors.New("client: session freed by the worker")
 )

@@ -19,6 +19,8 @@ type options struct {
 	window        int
 	frameCheck    time.Duration
 	objectTimeout time.Duration
+	heartbeat     time.Duration
+	deviceTimeout time.Duration
 }
 
 func defaultOptions() options {
@@ -31,6 +33,36 @@ func defaultOptions() options {
 		window:        256,
 		frameCheck:    200 * time.Millisecond,
 		objectTimeout: 5 * time.Second,
+		heartbeat:     30 * time.Second,
+		deviceTimeout: 30 * time.Second,
+	}
+}
+
+// WithDeviceTimeout sets how long a read or sync waits for a device that
+// no worker serves (no serving registry entry with a recent heartbeat)
+// before it fails with ErrNoDevice (default 30s; 0: wait for ctx alone).
+// A standby takes a device over within seconds of its worker's death.
+func WithDeviceTimeout(d time.Duration) Option {
+	return func(o *options) error {
+		if d < 0 {
+			return fmt.Errorf("%w: device timeout %v", ErrInvalidOption, d)
+		}
+		o.deviceTimeout = d
+		return nil
+	}
+}
+
+// WithHeartbeat sets how often the client tells the workers that its open
+// sessions are alive (default 30s; 0: never). A worker frees a session
+// that sent no frame and no heartbeat for its idle timeout (10 minutes by
+// default), so the interval must be well under that timeout.
+func WithHeartbeat(d time.Duration) Option {
+	return func(o *options) error {
+		if d < 0 {
+			return fmt.Errorf("%w: heartbeat %v", ErrInvalidOption, d)
+		}
+		o.heartbeat = d
+		return nil
 	}
 }
 

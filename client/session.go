@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -349,7 +350,8 @@ func (s *Session) call(ctx context.Context, op codec.Op) (*codec.Result, error) 
 	check := time.NewTimer(wait)
 	defer check.Stop()
 	start := time.Now()
-	misses := 0 // checks that found the frame not in the stream
+	misses := 0        // checks that found the frame not in the stream
+	var down time.Time // since when the device has had no live worker
 	for {
 		select {
 		case r := <-ch:
@@ -361,7 +363,14 @@ func (s *Session) call(ctx context.Context, op codec.Op) (*codec.Result, error) 
 			state, why := s.check(ctx, frame, size)
 			if state == frameStored {
 				// The answer comes when the worker gets to the frame (or
-				// a worker taking the device over replays it).
+				// a worker taking the device over replays it), unless no
+				// worker serves the device any more.
+				if err := s.deviceGone(ctx, &down); err != nil {
+					s.drop(op.Tag)
+					return nil, errors.Join(s.collect(nil), fmt.Errorf("client: %s on %s: %w", op.Op, s.device, err))
+				}
+				wait = min(2*wait, maxFrameCheck, max(s.c.opts.deviceTimeout/2, s.c.opts.frameCheck))
+				check.Reset(wait)
 				continue
 			}
 			if state != frameUnknown {
@@ -468,6 +477,44 @@ func (s *Session) check(ctx context.Context, n uint64, size int) (state frameSta
 	return frameMissing, fmt.Errorf("%s: it was refused for a reason its limits do not show, lost with a broken connection, or is still not stored", what)
 }
 
+// deviceGone reads the device's registry entry and returns an error
+// wrapping ErrNoDevice once it has shown no live worker (serving, with a
+// recent heartbeat) since *down for longer than the device timeout. A
+// registry it cannot read says nothing.
+func (s *Session) deviceGone(ctx context.Context, down *time.Time) error {
+	if s.c.opts.deviceTimeout <= 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, max(s.c.opts.frameCheck, 2*time.Second))
+	defer cancel()
+	kv, err := s.c.js.KeyValue(ctx, s.c.names.CtrlBucket())
+	if err != nil {
+		return nil
+	}
+	e, err := kv.Get(ctx, subjects.DeviceKey(s.device))
+	now := time.Now()
+	var d Device
+	switch {
+	case err == nil && json.Unmarshal(e.Value(), &d) == nil && Live(d, now):
+		*down = time.Time{}
+		return nil
+	case err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) && !errors.Is(err, jetstream.ErrKeyDeleted):
+		return nil
+	}
+	if down.IsZero() {
+		*down = now
+		return nil
+	}
+	if gone := now.Sub(*down); gone > s.c.opts.deviceTimeout {
+		state := "not registered"
+		if d.Name != "" {
+			state = fmt.Sprintf("%s, last heartbeat %v ago", d.State, now.Sub(d.Beat).Round(100*time.Millisecond))
+		}
+		return fmt.Errorf("%w: no worker has served %s for %v (%s); the frame stays in the stream for a worker that takes the device", ErrNoDevice, s.device, gone.Round(100*time.Millisecond), state)
+	}
+	return nil
+}
+
 func (s *Session) drop(tag uint64) {
 	s.mu.Lock()
 	delete(s.waiters, tag)
@@ -485,6 +532,10 @@ func (s *Session) collect(remote []codec.Error) error {
 	s.errs = nil
 	s.mu.Unlock()
 	for i := range remote {
+		if remote[i].Code == codec.CodeSessionFreed {
+			errs = append(errs, fmt.Errorf("%w: %w", ErrSessionFreed, &remote[i]))
+			continue
+		}
 		errs = append(errs, &remote[i])
 	}
 	return errors.Join(errs...)
@@ -601,9 +652,9 @@ func uploadName(sum [sha256.Size]byte) string { return "upload-" + hex.EncodeToS
 // (upload-<chunk subject token>) and its chunk subject, and writes data,
 // hashing it beside the write, so the worker copies the chunks while they
 // are written. The data object is named by its digest; once the digest is
-// known, the client either finds those bytes stored before (it stops
-// writing, its chunks are purged) or finishes the write, and in both cases
-// makes the alias a link to the object named by the digest.
+// known, the write either finds those bytes stored before (it stops, its
+// chunks are purged) or finishes, and in both cases the client makes the
+// alias a link to the object named by the digest.
 func (s *Session) uploadWhileWriting(ctx context.Context, store *objectstore.Store, op codec.Op, data []byte, meta map[string]string) (*Tensor, error) {
 	op.NUID = objectstore.NewNUID()
 	op.Object = "upload-" + op.NUID
@@ -645,6 +696,9 @@ func (s *Session) uploadWhileWriting(ctx context.Context, store *objectstore.Sto
 	case err := <-done:
 		return fail(err)
 	}
+	// Two writes of the same bytes at once both find nothing stored: the
+	// later one stops when it learns the earlier is, and keeps it (an
+	// object named by its content is never replaced under its readers).
 	name := dn.name
 	if dn.stored {
 		// Stored before, by this or another session: stop writing, and

@@ -2,10 +2,12 @@ package client_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -386,4 +388,63 @@ func TestTransferWriterStops(t *testing.T) {
 		t.Fatalf("import after its writer stopped and another took over: %v", err)
 	}
 	expect(t, "imported", got, 1, 2, 3, 4)
+}
+
+// TestConcurrentIdenticalUploads: sessions on several clients upload the
+// same bytes at once, each through the object store named by their digest;
+// every one gets its tensor, bit for bit.
+func TestConcurrentIdenticalUploads(t *testing.T) {
+	b := brokertest.Run(t)
+	workertest.Run(t, b, workertest.CPUs(1), func(c *worker.Config) { c.Heartbeat = 200 * time.Millisecond })
+	const n = 3 << 20 // f32: 12 MiB, over the inline limit
+	data := make([]byte, 4*n)
+	for i := range n {
+		binary.LittleEndian.PutUint32(data[4*i:], math.Float32bits(float32(i%1000)))
+	}
+	var want float64
+	for i := range n {
+		want += float64(i % 1000)
+	}
+	for round := range 3 {
+		var wg sync.WaitGroup
+		errs := make(chan error, 5)
+		for k := range 5 {
+			c, err := client.Connect(b.ClientURL())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+				defer cancel()
+				s, err := c.Open(ctx, "cpu-0")
+				if err != nil {
+					errs <- err
+					return
+				}
+				defer s.Close(ctx)
+				x, err := s.Upload(ctx, "f32", []int{n}, data)
+				if err != nil {
+					errs <- fmt.Errorf("round %d upload %d: %w", round, k, err)
+					return
+				}
+				d, err := x.Cast("f64").Sum().Read(ctx)
+				if err != nil {
+					errs <- fmt.Errorf("round %d upload %d: %w", round, k, err)
+					return
+				}
+				if v := math.Float64frombits(binary.LittleEndian.Uint64(d.Bytes)); v != want {
+					errs <- fmt.Errorf("round %d upload %d: sum %v, want %v", round, k, v, want)
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+		if t.Failed() {
+			return
+		}
+	}
 }

@@ -199,6 +199,13 @@ const (
 	CodeLimit      = "limit"       // sessions, memory or ops over a limit
 	CodeInternal   = "internal"    // a backend failure
 	CodeUnavailabe = "unavailable" // object missing, timeout
+	// CodeResourceExhausted: the device's memory budget (or the
+	// device itself) has no room for the op's outputs; the op fails, the
+	// session and every other one go on.
+	CodeResourceExhausted = "resource_exhausted"
+	// CodeSessionFreed: the session was freed (idle past the worker's
+	// timeout); its tensors are gone and it takes no more frames.
+	CodeSessionFreed = "session_freed"
 	// CodeUnknownGraph: a replay names a graph that is not stored.
 	CodeUnknownGraph = "unknown_graph"
 	// CodeInvalidGraph: a stored graph definition fails validation.
@@ -244,6 +251,10 @@ type Device struct {
 	Ops    uint64 `cbor:"ops,omitempty" json:"ops,omitempty"`
 	Frames uint64 `cbor:"frames,omitempty" json:"frames,omitempty"`
 	Lag    uint64 `cbor:"lag,omitempty" json:"lag,omitempty"`
+	// Bytes is the tensor memory the device holds for its sessions;
+	// Budget the most it may hold (0: no budget).
+	Bytes  int64 `cbor:"bytes,omitempty" json:"bytes,omitempty"`
+	Budget int64 `cbor:"budget,omitempty" json:"budget,omitempty"`
 }
 
 // Telemetry is a GPU's state as its worker samples it (NVML), published as

@@ -233,3 +233,37 @@ func TestPutNamedFromDigest(t *testing.T) {
 		t.Fatalf("a failed put left %d chunks", n)
 	}
 }
+
+// TestPutSameContentKeepsObject: a write named by its content whose bytes
+// are stored under that name already stops, purges its own chunks and
+// returns the stored object, whose chunks a reader may be copying.
+func TestPutSameContentKeepsObject(t *testing.T) {
+	e := newEnv(t)
+	s := e.store(t, objectstore.WithChunkSize(64<<10))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	data := randomBytes(2<<20, 9)
+	nameOf := func([sha256.Size]byte) string { return "same" }
+	first, err := s.Put(ctx, "", data, nil, objectstore.WithNameFromDigest(nameOf))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored, err := s.Stat(ctx, "same")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		nuid := objectstore.NewNUID()
+		in, err := s.Put(ctx, "", data, nil, objectstore.WithNUID(nuid), objectstore.WithNameFromDigest(nameOf))
+		if err != nil || in.SHA256 != first.SHA256 || in.Name != "same" {
+			t.Fatalf("put %d of the same bytes: %+v, %v", i, in, err)
+		}
+		if n := e.chunkCount(t, nuid); n != 0 {
+			t.Fatalf("put %d left %d chunks of its own", i, n)
+		}
+	}
+	got, in, err := s.Get(ctx, "same")
+	if err != nil || !bytes.Equal(got, data) || !in.ModTime.Equal(stored.ModTime) {
+		t.Fatalf("get after the same puts: %+v %v (first %+v)", in, err, stored)
+	}
+}

@@ -92,11 +92,15 @@ type digest struct {
 	sum     [sha256.Size]byte
 
 	nameOf func(sum [sha256.Size]byte) string // called on the goroutine when the sum is known
-	name   string                             // what nameOf returned; read after wg.Wait
+	name   string                             // what nameOf returned; read after wg.Wait or named
+	named  chan struct{}                      // closed once name is set (with nameOf)
 }
 
 func startDigest(data []byte, chunk int, paced bool, nameOf func([sha256.Size]byte) string) *digest {
 	d := &digest{data: data, chunk: chunk, nameOf: nameOf}
+	if nameOf != nil {
+		d.named = make(chan struct{})
+	}
 	if paced {
 		d.ahead = make(chan struct{}, leadChunks)
 	}
@@ -117,6 +121,7 @@ func startDigest(data []byte, chunk int, paced bool, nameOf func([sha256.Size]by
 		h.Sum(d.sum[:0])
 		if d.nameOf != nil {
 			d.name = d.nameOf(d.sum)
+			close(d.named)
 		}
 	})
 	return d
@@ -195,6 +200,9 @@ type writer struct {
 	prevAsked bool
 	prevDone  bool
 	prev      *jetstream.ObjectInfo
+	// named: a write named by its content learnt its name while sending
+	// (and asked for the object of that name).
+	named bool
 }
 
 // Reply tokens under the writer's inbox besides chunk indexes.
@@ -255,8 +263,19 @@ func (s *Store) putObject(ctx context.Context, name string, data []byte, meta ma
 			} else {
 				w.name = name
 				w.askPrev() // answered before the meta is stored: it goes out first
+				// An object named by its content is never replaced by
+				// the same content: readers may be copying its chunks.
+				w.waitPrev(ctx)
+				if w.samePrev(sum, len(data)) {
+					err = errStoredBefore
+				}
 			}
 		}
+	}
+	if errors.Is(err, errStoredBefore) {
+		dig.stop()
+		w.rollback(ctx)
+		return w.prev, nil
 	}
 	if err == nil {
 		oi = &jetstream.ObjectInfo{
@@ -302,6 +321,18 @@ func (w *writer) subscribe() error {
 	return nil
 }
 
+// errStoredBefore stops a write named by its content when the object of
+// that name holds the same bytes already.
+var errStoredBefore = errors.New("objectstore: stored before")
+
+// samePrev reports whether the object the write would replace holds the
+// same bytes (size and digest), as a plain object.
+func (w *writer) samePrev(sum [sha256.Size]byte, size int) bool {
+	p := w.prev
+	return p != nil && !p.Deleted && p.Size == uint64(size) && p.Digest == digestString(sum) &&
+		(p.Opts == nil || p.Opts.Link == nil) && p.NUID != w.nuid
+}
+
 // askPrev asks for the meta the new object replaces, without waiting:
 // its chunks are purged once the new meta is in.
 func (w *writer) askPrev() {
@@ -324,6 +355,7 @@ func (w *writer) takePrev(m *nats.Msg) {
 func (w *writer) sendAll(ctx context.Context) error {
 	timer := time.NewTimer(w.s.opts.timeout)
 	defer timer.Stop()
+	nameKnown := w.dig.named // nil unless the write is named by its content
 	for {
 		if w.failedAt < 0 {
 			for w.next < w.n && w.inflight < w.window {
@@ -367,6 +399,14 @@ func (w *writer) sendAll(ctx context.Context) error {
 			if err := w.handle(m); err != nil {
 				return err
 			}
+		case <-nameKnown:
+			// Ask at once whether those bytes are stored under that
+			// name already: if so, the write stops (see handle).
+			nameKnown = nil
+			if w.dig.name != "" {
+				w.name, w.named = w.dig.name, true
+				w.askPrev()
+			}
 		case now := <-timer.C:
 			w.expire(now)
 		case <-ctx.Done():
@@ -392,6 +432,9 @@ func (w *writer) handle(m *nats.Msg) error {
 	tok := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
 	if tok == replyPrev {
 		w.takePrev(m)
+		if w.named && w.samePrev(w.dig.sum, len(w.data)) {
+			return errStoredBefore
+		}
 		return nil
 	}
 	i, err := strconv.Atoi(tok)

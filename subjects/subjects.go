@@ -130,6 +130,16 @@ func (n Names) Telemetry(device string) string { return n.prefix + ".telemetry."
 // TelemetryAll matches every device's telemetry.
 func (n Names) TelemetryAll() string { return n.prefix + ".telemetry.*" }
 
+// Alive is the subject a client publishes its session's heartbeat on,
+// over core NATS (never stored): fabric.alive.<device>.<session>. The
+// worker keeps a session whose client beats from being freed as idle.
+func (n Names) Alive(device, session string) string {
+	return n.prefix + ".alive." + device + "." + session
+}
+
+// AliveDevice matches the heartbeats of a device's sessions.
+func (n Names) AliveDevice(device string) string { return n.prefix + ".alive." + device + ".*" }
+
 // ServiceName is the NATS micro service every worker registers as, one
 // instance per worker: `nats micro list` shows them all.
 const ServiceName = "jetfabric-worker"

@@ -2,26 +2,48 @@ package worker
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetfabric/jetfabric/codec"
 	"github.com/jetfabric/jetfabric/kernels"
+	"github.com/jetfabric/jetfabric/objectstore"
 	"github.com/jetfabric/jetfabric/subjects"
 )
 
 // A checkpoint is a device's every session at one stream sequence: each
-// session's seed, unreported errors, failed ids and tensors. The tensors'
-// bytes and a manifest are written as one object in FABRIC_CKPT; then the
-// key ckpt.<device> is written, fenced on the device lease, naming the
-// object; then the device's frames up to that sequence are purged from
-// FABRIC_OPS and the previous checkpoint object is deleted. A new owner
-// restores the last committed checkpoint and replays the frames after it.
+// session's seed, unreported errors, failed ids and tensors, and the
+// sessions freed as idle. It is written while the device goes on running
+// frames, and incrementally:
+//
+//   - The device loop takes a snapshot, in O(tensors): tensors are
+//     immutable once written, so the snapshot holds references, not
+//     copies. Small tensors are copied into the manifest; a large tensor
+//     already in the last committed checkpoint is named by its digest; a
+//     new large one is pinned (a free waits until the writer is done with
+//     it, see memory.go), or, on a backend whose memory the host cannot
+//     read, downloaded by the loop.
+//   - A writer goroutine hashes each new large tensor and writes it as the
+//     object ckpt-<device>-t-<sha256> in FABRIC_CKPT, unless an object of
+//     that digest is already there; then the manifest as
+//     ckpt-<device>-<seq>; then the key ckpt.<device>, fenced on the
+//     device lease, naming the manifest. Then the device's frames up to
+//     that sequence are purged from FABRIC_OPS, and the previous manifest
+//     and the tensor objects it alone named are deleted.
+//
+// One checkpoint is written at a time. A new owner restores the last
+// committed checkpoint and replays the frames after it.
 
 // checkpointRef is the value of ckpt.<device>.
 type checkpointRef struct {
@@ -39,6 +61,8 @@ type ckptManifest struct {
 	Device   string        `cbor:"device"`
 	Seq      uint64        `cbor:"seq"`
 	Sessions []ckptSession `cbor:"sessions"`
+	// Freed are the sessions freed as idle (version 2).
+	Freed []string `cbor:"freed,omitempty"`
 }
 
 type ckptSession struct {
@@ -49,11 +73,15 @@ type ckptSession struct {
 	Failed  []ckptFailed  `cbor:"failed,omitempty"`
 }
 
+// ckptTensor is one tensor: in version 1 at Offset in the blob after the
+// manifest; in version 2 inline (Data) or in the object of its digest.
 type ckptTensor struct {
 	ID     uint64 `cbor:"id"`
 	DType  uint8  `cbor:"dtype"`
 	Shape  []int  `cbor:"shape"`
-	Offset int64  `cbor:"off"`
+	Offset int64  `cbor:"off,omitempty"`
+	Digest string `cbor:"sha,omitempty"`
+	Data   []byte `cbor:"data,omitempty"`
 }
 
 type ckptFailed struct {
@@ -61,48 +89,303 @@ type ckptFailed struct {
 	Err codec.Error `cbor:"err"`
 }
 
-const ckptMagic = "JFCKPT01"
+const (
+	ckptMagicV1 = "JFCKPT01"
+	ckptMagic   = "JFCKPT02"
+)
 
-// checkpoint writes and commits a checkpoint at the last applied sequence.
-// It runs on the device loop. It returns the reference committed, or nil
-// when nothing was applied since the last checkpoint.
-func (d *device) checkpoint(ctx context.Context) (_ *checkpointRef, err error) {
+// ckptInline is the largest tensor carried in the manifest itself.
+const ckptInline = 64 << 10
+
+// ckptState is a device's checkpoint bookkeeping, shared by the device
+// loop and the checkpoint writer under mu.
+type ckptState struct {
+	mu sync.Mutex
+	// seq and object: the last committed checkpoint and its manifest.
+	seq    uint64
+	object string
+	// digests are the large tensors of the last committed checkpoint,
+	// by tensor; objects the digests of the tensor objects it names.
+	digests map[*kernels.Tensor]string
+	objects map[string]bool
+	// done is closed when the writer in flight ends (nil: none).
+	done   chan struct{}
+	cancel context.CancelFunc
+	// wanted: a checkpoint op asked for one (device loop only).
+	wanted bool
+	// swept: the objects of the device's earlier checkpoints that no
+	// committed one names (left by a worker that died while writing)
+	// were deleted since this worker took the device (writer only).
+	swept bool
+}
+
+// ckptSnapshot is what a checkpoint writes, as the device loop saw it.
+type ckptSnapshot struct {
+	seq      uint64
+	lease    *lease
+	sessions []snapSession
+	freed    []string
+	consumed []string
+	// small holds the bytes of every tensor of ckptInline bytes or less,
+	// copied one after another.
+	small []byte
+	// sweep: the writer runs beside the loop and may take the time to
+	// delete stray objects (see sweepCheckpoints).
+	sweep bool
+}
+
+type snapSession struct {
+	ckptSession
+	tensors []snapTensor
+}
+
+// snapTensor is one live tensor in a snapshot. Its meta is read by the
+// writer from t (a tensor's meta never changes); its bytes are small[off:
+// off+n], or data, or the object of digest.
+type snapTensor struct {
+	id     uint64
+	t      *kernels.Tensor
+	off, n int    // n > 0: small
+	digest string // known: in the last committed checkpoint
+	// data is a large new tensor's bytes for the writer to hash and
+	// store: its host memory (pinned) or a copy.
+	data   []byte
+	pinned bool
+}
+
+// startCheckpoint snapshots the device and starts a writer, unless one is
+// in flight or nothing ran since the last checkpoint. Device loop only.
+// It reports false when a writer is in flight.
+func (d *device) startCheckpoint() bool {
+	d.ck.mu.Lock()
+	busy := d.ck.done != nil
+	d.ck.mu.Unlock()
+	if busy {
+		return false
+	}
+	snap, err := d.snapshot()
+	if err != nil || snap == nil {
+		if err != nil {
+			d.w.logf("worker: %s: %v", d.cfg.Name, err)
+		}
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	done := make(chan struct{})
+	d.ck.mu.Lock()
+	d.ck.done, d.ck.cancel = done, cancel
+	d.ck.mu.Unlock()
+	d.consumed = nil
+	snap.sweep = true
+	go func() {
+		defer close(done)
+		defer cancel()
+		if _, err := d.writeCheckpoint(ctx, snap); err != nil {
+			d.w.logf("worker: %s: %v", d.cfg.Name, err)
+		}
+		d.ck.mu.Lock()
+		d.ck.done, d.ck.cancel = nil, nil
+		d.ck.mu.Unlock()
+	}()
+	return true
+}
+
+// waitCheckpoint waits for the writer in flight, if any; with abandon it
+// cancels it first.
+func (d *device) waitCheckpoint(abandon bool) {
+	d.waitCheckpointCtx(context.Background(), abandon)
+}
+
+// waitCheckpointCtx is waitCheckpoint that cancels the writer when ctx
+// ends first.
+func (d *device) waitCheckpointCtx(ctx context.Context, abandon bool) {
+	d.ck.mu.Lock()
+	done, cancel := d.ck.done, d.ck.cancel
+	d.ck.mu.Unlock()
+	if done == nil {
+		return
+	}
+	if abandon {
+		cancel()
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+		cancel()
+		<-done
+	}
+}
+
+// checkpoint writes and commits a checkpoint at the last applied sequence
+// on the calling goroutine, after the one in flight. It returns the
+// reference committed, or nil when nothing was applied since the last
+// checkpoint. Device loop only (or after it stopped).
+func (d *device) checkpoint(ctx context.Context) (*checkpointRef, error) {
+	d.waitCheckpointCtx(ctx, false)
+	d.drainFrees()
+	snap, err := d.snapshot()
+	if err != nil || snap == nil {
+		return nil, err
+	}
+	d.consumed = nil
+	return d.writeCheckpoint(ctx, snap)
+}
+
+// snapshot takes the device's state for a checkpoint: nil when nothing ran
+// since the last one. Device loop only, no writer in flight.
+func (d *device) snapshot() (*ckptSnapshot, error) {
+	t0 := time.Now()
+	defer func() { d.m.snapNanos.Add(uint64(time.Since(t0))) }()
+	seq := d.applied.Load()
+	d.ck.mu.Lock()
+	last, digests := d.ck.seq, d.ck.digests
+	d.ck.mu.Unlock()
+	if seq == 0 || seq == last {
+		return nil, nil
+	}
+	snap := &ckptSnapshot{seq: seq, lease: d.currentLease(), consumed: d.consumed}
+	if snap.lease == nil {
+		return nil, ErrLeaseLost
+	}
+	snap.freed = append(snap.freed, d.live.order...)
+	b := d.cfg.Backend
+	for _, s := range d.sessions {
+		ss := snapSession{ckptSession: ckptSession{ID: s.id, Seed: s.seed, Pending: append([]codec.Error(nil), s.pending...)}}
+		ss.tensors = make([]snapTensor, 0, len(s.tensors))
+		for id, e := range s.tensors {
+			if e.fail != nil {
+				ss.Failed = append(ss.Failed, ckptFailed{ID: id, Err: *e.fail})
+				continue
+			}
+			st := snapTensor{id: id, t: e.t}
+			n := e.t.Bytes()
+			switch dg, known := digests[e.t]; {
+			case n <= ckptInline:
+				st.off, st.n = len(snap.small), n
+				if h := hostView(e.t); h != nil {
+					snap.small = append(snap.small, h...)
+				} else {
+					snap.small = slices.Grow(snap.small, n)[:len(snap.small)+n]
+					if err := b.Download(snap.small[st.off:], e.t.Buf); err != nil {
+						d.unpinTensors(ss.tensors)
+						d.unpinSnapshot(snap)
+						return nil, fmt.Errorf("worker: checkpoint %s: download tensor %d: %w", d.cfg.Name, id, err)
+					}
+				}
+			case known:
+				st.digest = dg
+			default:
+				if h := hostView(e.t); h != nil {
+					d.mem.pin(e.t.Buf)
+					st.data, st.pinned = h, true
+				} else {
+					st.data = make([]byte, n)
+					if err := b.Download(st.data, e.t.Buf); err != nil {
+						d.unpinTensors(ss.tensors)
+						d.unpinSnapshot(snap)
+						return nil, fmt.Errorf("worker: checkpoint %s: download tensor %d: %w", d.cfg.Name, id, err)
+					}
+				}
+			}
+			ss.tensors = append(ss.tensors, st)
+		}
+		snap.sessions = append(snap.sessions, ss)
+	}
+	return snap, nil
+}
+
+// unpinSnapshot releases every tensor the snapshot still pins.
+func (d *device) unpinSnapshot(snap *ckptSnapshot) {
+	for i := range snap.sessions {
+		d.unpinTensors(snap.sessions[i].tensors)
+	}
+}
+
+func (d *device) unpinTensors(ts []snapTensor) {
+	for j := range ts {
+		if st := &ts[j]; st.pinned {
+			d.mem.unpin(st.t.Buf)
+			st.pinned, st.data = false, nil
+		}
+	}
+}
+
+// testHookCheckpointWrite, when set (by tests, before a worker starts),
+// runs at the start of every checkpoint write.
+var testHookCheckpointWrite func(device string)
+
+// tensorObject names the checkpoint object of a tensor by its digest.
+func tensorObject(device, digest string) string { return "ckpt-" + device + "-t-" + digest }
+
+// writeCheckpoint writes snap and commits it. It runs on the writer's
+// goroutine (or the caller's, see checkpoint) and never takes the device
+// loop; what it shares with the loop is under d.ck.mu and d.mem.mu.
+func (d *device) writeCheckpoint(ctx context.Context, snap *ckptSnapshot) (ref *checkpointRef, err error) {
+	defer d.unpinSnapshot(snap)
 	defer func() {
 		if err != nil {
 			d.m.ckptFailures.Add(1)
 		}
 	}()
-	seq := d.applied.Load()
-	if seq == 0 || seq == d.ckptSeq {
-		return nil, nil
+	if testHookCheckpointWrite != nil {
+		testHookCheckpointWrite(d.cfg.Name)
 	}
 	start := time.Now()
-	man := ckptManifest{V: 1, Device: d.cfg.Name, Seq: seq}
-	total := 0
-	for _, s := range d.sessions {
-		for _, e := range s.tensors {
-			if e.t != nil {
-				total += e.t.Bytes()
-			}
+	d.ck.mu.Lock()
+	have, oldObject := d.ck.objects, d.ck.object
+	d.ck.mu.Unlock()
+	name := subjects.CheckpointObject(d.cfg.Name, snap.seq)
+	man := ckptManifest{V: 2, Device: d.cfg.Name, Seq: snap.seq, Freed: snap.freed}
+	refs := map[string]bool{}
+	digests := map[*kernels.Tensor]string{}
+	// On failure nothing is deleted here: a tensor object may be named
+	// by a checkpoint that another worker committed since (the same
+	// content), and a manifest of the same sequence too. The next
+	// committed checkpoint sweeps what no committed checkpoint names.
+	var written []string // objects this checkpoint wrote
+	defer func() {
+		if err != nil {
+			d.ck.swept = false
 		}
-	}
-	// Every tensor is downloaded straight into its place in one buffer.
-	data := make([]byte, total)
-	off := 0
-	b := d.cfg.Backend
-	for _, s := range d.sessions {
-		cs := ckptSession{ID: s.id, Seed: s.seed, Pending: s.pending, Tensors: make([]ckptTensor, 0, len(s.tensors))}
-		for id, e := range s.tensors {
-			if e.fail != nil {
-				cs.Failed = append(cs.Failed, ckptFailed{ID: id, Err: *e.fail})
-				continue
+	}()
+	var wrote int64
+	for i := range snap.sessions {
+		ss := &snap.sessions[i]
+		cs := ss.ckptSession
+		cs.Tensors = make([]ckptTensor, 0, len(ss.tensors))
+		for j := range ss.tensors {
+			st := &ss.tensors[j]
+			ct := ckptTensor{ID: st.id, DType: uint8(st.t.DType), Shape: st.t.Shape, Digest: st.digest}
+			if st.n > 0 {
+				ct.Data = snap.small[st.off : st.off+st.n]
 			}
-			n := e.t.Bytes()
-			if err := b.Download(data[off:off+n], e.t.Buf); err != nil {
-				return nil, fmt.Errorf("worker: checkpoint %s: download tensor %d: %w", d.cfg.Name, id, err)
+			if st.data != nil {
+				// The object is named by the digest computed beside the
+				// write; bytes stored under that name already (the same
+				// content in another tensor) stop the write early.
+				info, err := d.w.ckpt.Put(ctx, "", st.data, map[string]string{"device": d.cfg.Name},
+					objectstore.WithNameFromDigest(func(sum [sha256.Size]byte) string {
+						return tensorObject(d.cfg.Name, hex.EncodeToString(sum[:]))
+					}))
+				if err != nil {
+					return nil, fmt.Errorf("worker: checkpoint %s: store tensor %d: %w", d.cfg.Name, st.id, err)
+				}
+				ct.Digest = info.SHA256
+				if !have[ct.Digest] && !refs[ct.Digest] {
+					written = append(written, info.Name)
+					wrote += int64(len(st.data))
+				}
+				if st.pinned {
+					d.mem.unpin(st.t.Buf)
+					st.pinned = false
+				}
+				st.data = nil
 			}
-			cs.Tensors = append(cs.Tensors, ckptTensor{ID: id, DType: uint8(e.t.DType), Shape: e.t.Shape, Offset: int64(off)})
-			off += n
+			if ct.Digest != "" {
+				refs[ct.Digest] = true
+				digests[st.t] = ct.Digest
+			}
+			cs.Tensors = append(cs.Tensors, ct)
 		}
 		man.Sessions = append(man.Sessions, cs)
 	}
@@ -110,39 +393,105 @@ func (d *device) checkpoint(ctx context.Context) (_ *checkpointRef, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("worker: checkpoint %s: manifest: %w", d.cfg.Name, err)
 	}
-	blob := make([]byte, 0, len(ckptMagic)+8+len(mb)+len(data))
+	blob := make([]byte, 0, len(ckptMagic)+8+len(mb))
 	blob = append(blob, ckptMagic...)
 	blob = binary.LittleEndian.AppendUint64(blob, uint64(len(mb)))
 	blob = append(blob, mb...)
-	blob = append(blob, data...)
-	name := subjects.CheckpointObject(d.cfg.Name, seq)
-	info, err := d.w.ckpt.Put(ctx, name, blob, map[string]string{"device": d.cfg.Name, "seq": fmt.Sprint(seq)})
+	info, err := d.w.ckpt.Put(ctx, name, blob, map[string]string{"device": d.cfg.Name, "seq": fmt.Sprint(snap.seq)})
 	if err != nil {
 		return nil, fmt.Errorf("worker: checkpoint %s: store: %w", d.cfg.Name, err)
 	}
-	ref := &checkpointRef{Device: d.cfg.Name, Seq: seq, Object: name, SHA256: info.SHA256, Size: info.Size, Worker: d.w.cfg.ID, Time: time.Now().UTC()}
+	written = append(written, name)
+	ref = &checkpointRef{Device: d.cfg.Name, Seq: snap.seq, Object: name, SHA256: info.SHA256, Size: info.Size, Worker: d.w.cfg.ID, Time: time.Now().UTC()}
 	rb, _ := json.Marshal(ref)
-	if err := d.lease.write(ctx, subjects.CheckpointKey(d.cfg.Name), rb); err != nil {
-		_ = d.w.ckpt.Delete(ctx, name)
+	if err := snap.lease.write(ctx, subjects.CheckpointKey(d.cfg.Name), rb); err != nil {
 		return nil, err
 	}
-	// Committed: the frames it covers and the previous object can go.
-	if stream, err := d.w.js.Stream(ctx, d.w.names.OpsStream()); err == nil {
-		if err := stream.Purge(ctx, jetstream.WithPurgeSubject(d.w.names.OpsDevice(d.cfg.Name)), jetstream.WithPurgeSequence(seq+1)); err != nil {
-			d.w.logf("worker: %s: purge frames below %d: %v", d.cfg.Name, seq+1, err)
-		}
-	}
-	if d.ckptObject != "" && d.ckptObject != name {
-		if err := d.w.ckpt.Delete(ctx, d.ckptObject); err != nil {
-			d.w.logf("worker: %s: delete old checkpoint %s: %v", d.cfg.Name, d.ckptObject, err)
-		}
-	}
-	d.ckptSeq, d.ckptObject = seq, name
-	d.dropConsumed(ctx)
 	took := time.Since(start)
-	d.m.checkpoint(took, info.Size)
-	d.w.logf("worker: %s: checkpoint at sequence %d: %d sessions, %d bytes in %v", d.cfg.Name, seq, len(man.Sessions), info.Size, took.Round(time.Millisecond))
+	// Committed: the frames it covers, the previous manifest and the
+	// tensors only that one named can go.
+	d.ck.mu.Lock()
+	d.ck.seq, d.ck.object, d.ck.digests, d.ck.objects = snap.seq, name, digests, refs
+	d.ck.mu.Unlock()
+	if stream, err := d.w.js.Stream(ctx, d.w.names.OpsStream()); err == nil {
+		if err := stream.Purge(ctx, jetstream.WithPurgeSubject(d.w.names.OpsDevice(d.cfg.Name)), jetstream.WithPurgeSequence(snap.seq+1)); err != nil {
+			d.w.logf("worker: %s: purge frames below %d: %v", d.cfg.Name, snap.seq+1, err)
+		}
+	}
+	if oldObject != "" && oldObject != name {
+		if err := d.w.ckpt.Delete(ctx, oldObject); err != nil {
+			d.w.logf("worker: %s: delete old checkpoint %s: %v", d.cfg.Name, oldObject, err)
+		}
+	}
+	for dg := range have {
+		if !refs[dg] {
+			if err := d.w.ckpt.Delete(ctx, tensorObject(d.cfg.Name, dg)); err != nil && !errors.Is(err, objectstore.ErrNotFound) {
+				d.w.logf("worker: %s: delete old checkpoint tensor %s: %v", d.cfg.Name, dg, err)
+			}
+		}
+	}
+	d.dropObjects(ctx, snap.consumed)
+	if !d.ck.swept && snap.sweep {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		d.ck.swept = d.sweepCheckpoints(sctx, name, refs)
+		cancel()
+	}
+	d.m.checkpoint(took, info.Size+wrote)
+	d.w.logf("worker: %s: checkpoint at sequence %d: %d sessions, %d tensor objects (%d bytes written, %d new) in %v",
+		d.cfg.Name, snap.seq, len(man.Sessions), len(refs), info.Size+wrote, len(written)-1, took.Round(time.Millisecond))
 	return ref, nil
+}
+
+// sweepCheckpoints deletes the device's checkpoint objects that neither
+// the manifest committed nor its tensors are, and reports whether it could
+// list them.
+func (d *device) sweepCheckpoints(ctx context.Context, manifest string, refs map[string]bool) bool {
+	// The names are read from the subjects of the bucket's metas (each
+	// name base64url-encoded), with no consumer.
+	bucket := d.w.names.CkptBucket()
+	stream, err := d.w.js.Stream(ctx, "OBJ_"+bucket)
+	if err != nil {
+		return false
+	}
+	prefix := "$O." + bucket + ".M."
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(prefix+">"))
+	if err != nil {
+		d.w.logf("worker: %s: list checkpoint objects: %v", d.cfg.Name, err)
+		return false
+	}
+	tensors, manifests := tensorObject(d.cfg.Name, ""), subjects.CheckpointObject(d.cfg.Name, 0)
+	manifests = manifests[:len(manifests)-1]
+	for subj := range info.State.Subjects {
+		raw, err := base64.URLEncoding.DecodeString(strings.TrimPrefix(subj, prefix))
+		if err != nil {
+			continue
+		}
+		name := string(raw)
+		dg, isTensor := strings.CutPrefix(name, tensors)
+		isTensor = isTensor && len(dg) == 2*sha256.Size && strings.Trim(dg, "0123456789abcdef") == ""
+		seq, isManifest := strings.CutPrefix(name, manifests)
+		switch {
+		case name == manifest:
+			continue
+		case isTensor && !refs[dg]:
+		case !isTensor && isManifest && seq != "" && strings.Trim(seq, "0123456789") == "":
+		default:
+			continue
+		}
+		if err := d.w.ckpt.Delete(ctx, name); err != nil && !errors.Is(err, objectstore.ErrNotFound) {
+			d.w.logf("worker: %s: delete stray checkpoint object %s: %v", d.cfg.Name, name, err)
+		}
+	}
+	return true
+}
+
+// resetCheckpoints forgets the checkpoint bookkeeping (after a step down:
+// the new owner's state is the truth). No writer may be in flight.
+func (d *device) resetCheckpoints() {
+	d.ck.mu.Lock()
+	d.ck.seq, d.ck.object, d.ck.digests, d.ck.objects = 0, "", nil, nil
+	d.ck.mu.Unlock()
+	d.ck.wanted, d.ck.swept = false, false
 }
 
 // restore loads the device's last committed checkpoint, if any, and returns
@@ -165,7 +514,11 @@ func (d *device) restore(ctx context.Context) (uint64, error) {
 	if ref.SHA256 != "" && info.SHA256 != ref.SHA256 {
 		return 0, fmt.Errorf("worker: %s: checkpoint object %s has digest %s, committed %s", d.cfg.Name, ref.Object, info.SHA256, ref.SHA256)
 	}
-	if len(blob) < len(ckptMagic)+8 || string(blob[:len(ckptMagic)]) != ckptMagic {
+	if len(blob) < len(ckptMagic)+8 {
+		return 0, fmt.Errorf("worker: %s: checkpoint object %s is not a checkpoint", d.cfg.Name, ref.Object)
+	}
+	magic := string(blob[:len(ckptMagic)])
+	if magic != ckptMagic && magic != ckptMagicV1 {
 		return 0, fmt.Errorf("worker: %s: checkpoint object %s is not a checkpoint", d.cfg.Name, ref.Object)
 	}
 	n := binary.LittleEndian.Uint64(blob[len(ckptMagic):])
@@ -179,6 +532,12 @@ func (d *device) restore(ctx context.Context) (uint64, error) {
 	}
 	data := body[n:]
 	now := time.Now()
+	digests := map[*kernels.Tensor]string{}
+	objects := map[string]bool{}
+	// Tensor objects are read several at a time once every tensor is
+	// allocated; upload serialises the backend's uploads.
+	var fetches []func() error
+	var upload sync.Mutex
 	for _, cs := range man.Sessions {
 		s := newSession(cs.ID)
 		s.seed, s.pending, s.last = cs.Seed, cs.Pending, now
@@ -186,25 +545,136 @@ func (d *device) restore(ctx context.Context) (uint64, error) {
 			err := f.Err
 			s.tensors[f.ID] = entry{fail: &err}
 		}
-		for _, ct := range cs.Tensors {
-			m := kernels.Meta{DType: kernels.DType(ct.DType), Shape: ct.Shape}
-			end := ct.Offset + int64(m.Bytes())
-			if !m.DType.Valid() || ct.Offset < 0 || end > int64(len(data)) {
-				return 0, fmt.Errorf("worker: %s: checkpoint %s: tensor %d out of bounds", d.cfg.Name, ref.Object, ct.ID)
-			}
-			buf, err := d.cfg.Backend.Alloc(m.Bytes())
-			if err != nil {
-				return 0, fmt.Errorf("worker: %s: restore tensor %d: %w", d.cfg.Name, ct.ID, err)
-			}
-			if err := d.cfg.Backend.Upload(buf, data[ct.Offset:end]); err != nil {
-				return 0, fmt.Errorf("worker: %s: restore tensor %d: %w", d.cfg.Name, ct.ID, err)
-			}
-			s.tensors[ct.ID] = entry{t: &kernels.Tensor{Meta: m, Buf: buf}}
-			s.bytes += int64(buf.Bytes())
-		}
 		d.sessions[cs.ID] = s
+		for _, ct := range cs.Tensors {
+			t, fetch, err := d.restoreTensor(ctx, magic, ct, data, &upload)
+			if err != nil {
+				return 0, fmt.Errorf("worker: %s: checkpoint %s: tensor %d: %w", d.cfg.Name, ref.Object, ct.ID, err)
+			}
+			if fetch != nil {
+				fetches = append(fetches, func() error {
+					if err := fetch(); err != nil {
+						return fmt.Errorf("worker: %s: checkpoint %s: tensor %d: %w", d.cfg.Name, ref.Object, ct.ID, err)
+					}
+					return nil
+				})
+			}
+			s.tensors[ct.ID] = entry{t: t}
+			s.bytes += int64(t.Buf.Bytes())
+			if ct.Digest != "" {
+				digests[t], objects[ct.Digest] = ct.Digest, true
+			}
+		}
+	}
+	if err := runAll(fetches, restoreReaders); err != nil {
+		return 0, err
+	}
+	for _, id := range man.Freed {
+		d.noteFreed(id, now)
 	}
 	d.sessionCount.Store(int64(len(d.sessions)))
-	d.ckptSeq, d.ckptObject = man.Seq, ref.Object
+	d.ck.mu.Lock()
+	d.ck.seq, d.ck.object, d.ck.digests, d.ck.objects = man.Seq, ref.Object, digests, objects
+	d.ck.mu.Unlock()
 	return man.Seq, nil
+}
+
+// restoreReaders is how many tensor objects a restore reads at once.
+const restoreReaders = 4
+
+// runAll runs fns, n at a time, and returns the first error.
+func runAll(fns []func() error, n int) error {
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+		next  int
+	)
+	for range min(n, len(fns)) {
+		wg.Go(func() {
+			for {
+				mu.Lock()
+				if next == len(fns) || first != nil {
+					mu.Unlock()
+					return
+				}
+				fn := fns[next]
+				next++
+				mu.Unlock()
+				if err := fn(); err != nil {
+					mu.Lock()
+					if first == nil {
+						first = err
+					}
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return first
+}
+
+// restoreTensor makes one tensor of a checkpoint: from data at its offset
+// (version 1), inline, or from its object (version 2). For an object it
+// allocates the tensor and returns fetch, which reads the object into it
+// (the backend's uploads under upload).
+func (d *device) restoreTensor(ctx context.Context, magic string, ct ckptTensor, data []byte, upload *sync.Mutex) (t *kernels.Tensor, fetch func() error, err error) {
+	m := kernels.Meta{DType: kernels.DType(ct.DType), Shape: ct.Shape}
+	if !m.DType.Valid() {
+		return nil, nil, fmt.Errorf("dtype %d", ct.DType)
+	}
+	if err := kernels.CheckShape(m.Shape, d.w.cfg.Limits.Tensor); err != nil {
+		return nil, nil, err
+	}
+	n := m.Bytes()
+	var src []byte
+	fromObject := magic == ckptMagic && ct.Digest != ""
+	switch {
+	case magic == ckptMagicV1:
+		end := ct.Offset + int64(n)
+		if ct.Offset < 0 || end > int64(len(data)) {
+			return nil, nil, errors.New("out of bounds")
+		}
+		src = data[ct.Offset:end]
+	case !fromObject:
+		if len(ct.Data) != n {
+			return nil, nil, fmt.Errorf("%d bytes inline, %d needed", len(ct.Data), n)
+		}
+		src = ct.Data
+	}
+	buf, err := d.cfg.Backend.Alloc(n)
+	if err != nil {
+		return nil, nil, err
+	}
+	d.mem.held.Add(int64(buf.Bytes()))
+	t = &kernels.Tensor{Meta: m, Buf: buf}
+	if !fromObject {
+		if err := d.cfg.Backend.Upload(buf, src); err != nil {
+			d.backendFree(buf)
+			return nil, nil, err
+		}
+		return t, nil, nil
+	}
+	// The tensor is in the session table before it is fetched: a failed
+	// fetch fails the restore, and the step down frees it.
+	return t, func() error {
+		name := tensorObject(d.cfg.Name, ct.Digest)
+		var info objectstore.Info
+		var err error
+		if h := hostView(t); h != nil {
+			info, err = d.w.ckpt.GetInto(ctx, name, h)
+		} else if src, info, err = d.w.ckpt.Get(ctx, name); err == nil && info.Size != int64(n) {
+			err = fmt.Errorf("object %s holds %d bytes, %d needed", name, info.Size, n)
+		}
+		if err == nil && info.SHA256 != ct.Digest {
+			err = fmt.Errorf("object %s has digest %s, the manifest names %s", name, info.SHA256, ct.Digest)
+		}
+		if err != nil || src == nil {
+			return err
+		}
+		upload.Lock()
+		defer upload.Unlock()
+		return d.cfg.Backend.Upload(buf, src)
+	}, nil
 }

@@ -53,6 +53,12 @@ type Device struct {
 	Memory int64
 	// Cores is the number of cores, if it is a CPU.
 	Cores int
+	// Budget bounds the tensor memory of all the device's sessions
+	// together, in bytes: an op whose outputs would pass it fails with
+	// resource_exhausted. 0: Config.MemoryFraction of the device's memory
+	// (a GPU's Memory; the host's, shared among its CPU devices);
+	// negative: no budget.
+	Budget int64
 	// Telemetry samples the device (NVML for a GPU); nil: none. The
 	// worker publishes each sample as JSON on fabric.telemetry.<device>
 	// every Config.TelemetryInterval.
@@ -87,6 +93,13 @@ type Config struct {
 	// the checkpoint bucket, if frames ran since the last one (0: only on
 	// request and at a clean stop). Replay after a takeover starts there.
 	CheckpointInterval time.Duration
+	// MemoryFraction is the part of a device's memory its default budget
+	// allows (see Device.Budget); 0: no default budget.
+	MemoryFraction float64
+	// Reclaim is how often memory freed by the devices (64 MiB or more
+	// since the last time) is returned to the system; a device idle for
+	// three of these also empties its backend's cache of freed buffers.
+	Reclaim time.Duration
 	// NoFusion runs every op by itself even where the backend can fuse
 	// runs of elementwise ops into one kernel (for comparisons).
 	NoFusion bool
@@ -114,6 +127,8 @@ func DefaultConfig() Config {
 		CheckpointInterval: 30 * time.Second,
 		TelemetryInterval:  2 * time.Second,
 		ObjectTimeout:      5 * time.Second,
+		MemoryFraction:     0.8,
+		Reclaim:            5 * time.Second,
 	}
 }
 
@@ -164,6 +179,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: telemetry interval %v", ErrInvalidConfig, c.TelemetryInterval)
 	case c.IdleTimeout < 0:
 		return fmt.Errorf("%w: idle timeout %v", ErrInvalidConfig, c.IdleTimeout)
+	case c.MemoryFraction < 0 || c.MemoryFraction > 1:
+		return fmt.Errorf("%w: memory fraction %v is not in [0, 1]", ErrInvalidConfig, c.MemoryFraction)
+	case c.Reclaim <= 0:
+		return fmt.Errorf("%w: reclaim interval %v", ErrInvalidConfig, c.Reclaim)
 	case c.ObjectTimeout <= 0:
 		return fmt.Errorf("%w: object timeout %v", ErrInvalidConfig, c.ObjectTimeout)
 	case c.Limits.MaxSessions <= 0 || c.Limits.MaxSessionBytes <= 0 || c.Limits.InlineBytes <= 0:

@@ -33,12 +33,24 @@ type device struct {
 	// loopAt is when the loop last came round (unix ns), for health.
 	loopAt atomic.Int64
 	m      metrics
+	// mem accounts tensor memory against the device's budget; sessBytes
+	// is each session's share as of the last housekeeping.
+	mem       memory
+	sessBytes atomic.Pointer[[]sessionBytes]
+	// live: the clients' heartbeats (under aliveMu) and the sessions
+	// freed as idle (loop only).
+	aliveMu sync.Mutex
+	live    liveness
 
 	// loop is held while a frame runs and while run keeps house.
 	loop sync.Mutex
 	// lastCkpt and idleCheck: when the loop last checkpointed on its
 	// interval and last looked for idle sessions. Under loop.
 	lastCkpt, idleCheck time.Time
+	// lastFrame is when the loop last ran a frame; trimmed, whether the
+	// backend's cache was trimmed since (see trimIdle). Under loop.
+	lastFrame time.Time
+	trimmed   bool
 
 	mu    sync.Mutex
 	feed  *feed
@@ -53,10 +65,8 @@ type device struct {
 	host     kernels.Backend
 	fellBack map[string]bool
 
-	// Checkpoint state, touched by the device loop only.
-	ckptSeq    uint64 // sequence of the last committed checkpoint
-	ckptObject string // its object
-	ckptWanted bool   // a checkpoint op asked for one after this frame
+	// ck is the checkpoint bookkeeping (checkpoint.go).
+	ck ckptState
 	// consumed are transfer objects this device read last; deleted once a
 	// checkpoint covers the ops that read them.
 	consumed []string
@@ -80,7 +90,20 @@ type device struct {
 }
 
 func newDevice(w *Worker, cfg Device) *device {
-	return &device{w: w, cfg: cfg, sessions: map[string]*session{}, started: time.Now().UTC()}
+	d := &device{w: w, cfg: cfg, sessions: map[string]*session{}, started: time.Now().UTC()}
+	switch {
+	case cfg.Budget > 0:
+		d.mem.budget = cfg.Budget
+	case cfg.Budget == 0:
+		host := 0
+		for _, c := range w.cfg.Devices {
+			if c.Kind != "gpu" {
+				host++
+			}
+		}
+		d.mem.budget = defaultBudget(cfg, w.cfg.MemoryFraction, host)
+	}
+	return d
 }
 
 // serve owns the device's lifecycle: take the lease (waiting as a standby
@@ -91,6 +114,13 @@ func (d *device) serve(ready chan<- error) {
 	w := d.w
 	once := sync.OnceFunc(func() { ready <- nil })
 	defer once()
+	// Heartbeats are recorded whether the device serves or stands by:
+	// a standby that takes over knows which clients are alive.
+	if sub, err := w.nc.Subscribe(w.names.AliveDevice(d.cfg.Name), d.onAlive); err != nil {
+		w.logf("worker: %s: subscribe to session heartbeats: %v", d.cfg.Name, err)
+	} else {
+		defer func() { _ = sub.Unsubscribe() }()
+	}
 	for {
 		actx, acancel := w.ctx, context.CancelFunc(func() {})
 		if d.adopting {
@@ -248,15 +278,18 @@ func (d *device) stepDown(release bool) {
 		_ = l.release(ctx)
 		cancel()
 	}
+	d.waitCheckpoint(true)
+	d.drainFrees()
 	for id, s := range d.sessions {
-		s.freeAll(d.cfg.Backend)
+		s.freeAll(d)
 		delete(d.sessions, id)
 	}
 	d.sessionCount.Store(0)
-	d.m.tensorBytes.Store(0)
+	d.noteSessions()
 	d.applied.Store(0)
-	d.ckptSeq, d.ckptObject, d.ckptWanted = 0, "", false
+	d.resetCheckpoints()
 	d.consumed = nil
+	d.live.freed, d.live.order = nil, nil
 }
 
 func (d *device) currentLease() *lease {
@@ -307,23 +340,27 @@ func (d *device) frame(msg jetstream.Msg, md *jetstream.MsgMetadata) {
 	d.loop.Lock()
 	defer d.loop.Unlock()
 	d.handle(msg, md)
-	d.housekeep(time.Now())
+	now := time.Now()
+	d.lastFrame, d.trimmed = now, false
+	d.housekeep(now)
 }
 
 // housekeep checkpoints when an op asked for it or the interval is up,
 // and frees idle sessions once a second. Under loop.
 func (d *device) housekeep(now time.Time) {
-	if iv := d.w.cfg.CheckpointInterval; d.ckptWanted || (iv > 0 && now.Sub(d.lastCkpt) >= iv) {
-		d.ckptWanted = false
-		d.lastCkpt = now
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		if _, err := d.checkpoint(ctx); err != nil {
-			d.w.logf("worker: %s: %v", d.cfg.Name, err)
+	d.drainFrees()
+	if iv := d.w.cfg.CheckpointInterval; d.ck.wanted || (iv > 0 && now.Sub(d.lastCkpt) >= iv) {
+		// While a checkpoint is written the device goes on; the next one
+		// starts at a housekeeping after it.
+		if d.startCheckpoint() {
+			d.ck.wanted = false
+			d.lastCkpt = now
 		}
-		cancel()
 	}
 	if now.Sub(d.idleCheck) >= time.Second {
 		d.evictIdle(now)
+		d.noteSessions()
+		d.trimIdle(now)
 		d.idleCheck = now
 		d.loopAt.Store(now.UnixNano())
 	}
@@ -340,12 +377,14 @@ func (d *device) halt() {
 
 // close frees every session and closes the backend. Called after run returned.
 func (d *device) close() {
+	d.waitCheckpoint(true)
+	d.drainFrees()
 	for id, s := range d.sessions {
-		s.freeAll(d.cfg.Backend)
+		s.freeAll(d)
 		delete(d.sessions, id)
 	}
 	d.sessionCount.Store(0)
-	d.m.tensorBytes.Store(0)
+	d.noteSessions()
 	if c, ok := d.cfg.Backend.(io.Closer); ok {
 		_ = c.Close()
 	}
@@ -357,13 +396,14 @@ func (d *device) evictIdle(now time.Time) {
 		return
 	}
 	for id, s := range d.sessions {
-		if now.Sub(s.last) > limit {
-			d.m.tensorBytes.Add(-s.bytes)
-			d.w.logf("worker: %s: session %s idle for %v, freeing %d tensors", d.cfg.Name, id, now.Sub(s.last).Round(time.Second), len(s.tensors))
-			s.freeAll(d.cfg.Backend)
+		if seen := d.lastSeen(s); now.Sub(seen) > limit {
+			d.w.logf("worker: %s: session %s idle for %v, freeing %d tensors", d.cfg.Name, id, now.Sub(seen).Round(time.Second), len(s.tensors))
+			s.freeAll(d)
 			delete(d.sessions, id)
+			d.noteFreed(id, now)
 		}
 	}
+	d.forgetBeats(now, limit)
 	d.sessionCount.Store(int64(len(d.sessions)))
 }
 
@@ -406,6 +446,11 @@ func (d *device) handle(msg jetstream.Msg, md *jetstream.MsgMetadata) {
 	}
 	s, ok := d.sessions[sid]
 	if !ok {
+		if at, freed := d.wasFreed(sid); freed {
+			d.m.frames.Add(1)
+			d.refuseFreed(msg.Data(), seq, reply, enc, encErr, sid, at)
+			return
+		}
 		if len(d.sessions) >= d.w.cfg.Limits.MaxSessions {
 			fail(codec.CodeLimit, "device %s has %d sessions, the limit", d.cfg.Name, len(d.sessions))
 			return
@@ -432,7 +477,7 @@ func (d *device) handle(msg jetstream.Msg, md *jetstream.MsgMetadata) {
 		return
 	}
 	x := exec{d: d, s: s, seq: seq, reply: reply, enc: enc}
-	start, mem, n, closed := time.Now(), s.bytes, 0, false
+	start, n, closed := time.Now(), 0, false
 	f, _ := d.cfg.Backend.(fuser)
 	var uses map[uint64][]int
 	if f != nil && !d.w.cfg.NoFusion {
@@ -448,7 +493,7 @@ func (d *device) handle(msg jetstream.Msg, md *jetstream.MsgMetadata) {
 		closed = x.op(n, &frame.Ops[n])
 		n++
 	}
-	d.m.frameDone(n, time.Since(start), s.bytes-mem, &x.io)
+	d.m.frameDone(n, time.Since(start), &x.io)
 	if closed {
 		delete(d.sessions, sid)
 		d.sessionCount.Store(int64(len(d.sessions)))

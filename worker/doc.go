@@ -39,6 +39,20 @@
 // so `nats micro list` and `nats micro info` show the fabric's workers.
 //
 // Sessions are freed when the client closes them or when they have been
-// idle past Config.IdleTimeout. Stop ends every device loop, marks the
+// idle past Config.IdleTimeout: no frame, and no heartbeat from the client
+// on fabric.alive.<device>.<session> (liveness.go). A frame of a session
+// freed as idle is answered with session_freed. The tensors of all the
+// sessions of a device share its memory budget (memory.go); an op that
+// would pass it fails with resource_exhausted.
+//
+// Checkpoints are written beside the device loop (checkpoint.go): the loop
+// takes a snapshot of references and goes on; a goroutine writes it.
+// Lease renewals (lease.go), registry heartbeats and session heartbeats
+// run on goroutines of their own and never take the loop.
+//
+// Locks: device.loop (held while a frame runs or the loop keeps house) may
+// be held while taking device.mu or lease.mu (which serialises the lease's
+// compare-and-set writes, over the network). device.ck.mu, device.mem.mu
+// and device.aliveMu are leaves, held only to read or update fields. Stop ends every device loop, marks the
 // devices stopped in the registry and waits for its goroutines.
 package worker

@@ -82,12 +82,12 @@ func (x *exec) op(i int, op *codec.Op) (closed bool) {
 		x.sync(i, op)
 	case opFree:
 		for _, id := range op.In {
-			x.s.free(x.d.cfg.Backend, id)
+			x.s.free(x.d, id)
 		}
 	case opSeed:
 		x.s.seed = op.Seed
 	case opCheckpoint:
-		x.d.ckptWanted = true
+		x.d.ck.wanted = true
 	case opExpose:
 		err = x.expose(i, op)
 	case opImport:
@@ -97,7 +97,7 @@ func (x *exec) op(i int, op *codec.Op) (closed bool) {
 	case opReplay:
 		err = x.replay(i, op)
 	case opClose:
-		x.s.freeAll(x.d.cfg.Backend)
+		x.s.freeAll(x.d)
 		if op.Tag != 0 {
 			x.sync(i, op)
 		}
@@ -156,7 +156,7 @@ func codeOf(err error) string {
 	case errors.Is(err, kernels.ErrTooLarge):
 		return codec.CodeTooLarge
 	case errors.Is(err, kernels.ErrOutOfMemory):
-		return codec.CodeLimit
+		return codec.CodeResourceExhausted
 	}
 	var fe *failedInput
 	if errors.As(err, &fe) {
@@ -202,10 +202,15 @@ func (x *exec) allocWith(m kernels.Meta, alloc func(int) (kernels.Buffer, error)
 	if x.s.bytes+int64(n) > x.d.w.cfg.Limits.MaxSessionBytes {
 		return nil, failf(codec.CodeLimit, "session memory limit: %d bytes in use, %d more asked, limit %d", x.s.bytes, n, x.d.w.cfg.Limits.MaxSessionBytes)
 	}
-	buf, err := alloc(n)
-	if err != nil {
+	if err := x.d.charge(n); err != nil {
 		return nil, err
 	}
+	buf, err := alloc(n)
+	if err != nil {
+		x.d.mem.held.Add(-int64(n))
+		return nil, err
+	}
+	x.d.mem.held.Add(int64(buf.Bytes() - n))
 	x.s.bytes += int64(buf.Bytes())
 	return &kernels.Tensor{Meta: m, Buf: buf}, nil
 }
@@ -276,7 +281,7 @@ func (x *exec) compute(op *codec.Op) error {
 func (x *exec) release(ts []*kernels.Tensor) {
 	for _, t := range ts {
 		x.s.bytes -= int64(t.Buf.Bytes())
-		x.d.cfg.Backend.Free(t.Buf)
+		x.d.freeBuf(t.Buf)
 	}
 }
 

@@ -179,7 +179,7 @@ func (l *jobLoop) handle(msg jetstream.Msg) {
 // run1 executes the job's ops in a fresh session and stores its outputs.
 func (l *jobLoop) run1(ctx context.Context, job *codec.Job, seq uint64, enc codec.Encoding, attempt uint64) *codec.JobResult {
 	s := newSession("job-" + job.ID)
-	defer s.freeAll(l.dev.cfg.Backend)
+	defer s.freeAll(l.dev)
 	x := exec{d: l.dev, s: s, seq: seq, enc: enc}
 	for i := range job.Ops {
 		if x.op(i, &job.Ops[i]) {

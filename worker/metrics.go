@@ -15,6 +15,7 @@ var errorCodes = [...]string{
 	codec.CodeMalformed, codec.CodeVersion, codec.CodeUnknownOp, codec.CodeArity, codec.CodeShape,
 	codec.CodeDType, codec.CodeAttr, codec.CodeUnknownID, codec.CodeFailedID, codec.CodeDuplicate,
 	codec.CodeTooLarge, codec.CodeLimit, codec.CodeInternal, codec.CodeUnavailabe,
+	codec.CodeResourceExhausted, codec.CodeSessionFreed,
 }
 
 // metrics are one device's counters. The device loop updates them once a
@@ -29,8 +30,6 @@ type metrics struct {
 	// bytes moved in (uploads) and out (reads), inline in frames and
 	// results or through the object store.
 	inInline, inObject, outInline, outObject atomic.Uint64
-	// tensorBytes is the tensor memory of every session on the device.
-	tensorBytes atomic.Int64
 	// pending is the number of the device's frames in the stream after
 	// the last one handled, as JetStream counted when it delivered it.
 	pending atomic.Uint64
@@ -39,6 +38,9 @@ type metrics struct {
 	// checkpoints that failed.
 	checkpoints, ckptNanos, ckptBytes   atomic.Uint64
 	ckptLastNanos, ckptAt, ckptFailures atomic.Uint64
+	// snapNanos is the time the device loop spent taking checkpoint
+	// snapshots: all that a checkpoint stops the loop for.
+	snapNanos atomic.Uint64
 	// fusedGroups run on a fusing backend and the ops they covered.
 	fusedGroups, fusedOps atomic.Uint64
 }
@@ -105,15 +107,11 @@ type ioCount struct {
 	inInline, inObject, outInline, outObject uint64
 }
 
-// frameDone records a frame of n ops that ran for took, changed the
-// tensor memory by dmem and moved c.
-func (m *metrics) frameDone(n int, took time.Duration, dmem int64, c *ioCount) {
+// frameDone records a frame of n ops that ran for took and moved c.
+func (m *metrics) frameDone(n int, took time.Duration, c *ioCount) {
 	m.frames.Add(1)
 	m.ops.Add(uint64(n))
 	m.execNanos.Add(uint64(took))
-	if dmem != 0 {
-		m.tensorBytes.Add(dmem)
-	}
 	if *c != (ioCount{}) {
 		m.inInline.Add(c.inInline)
 		m.inObject.Add(c.inObject)
@@ -160,8 +158,10 @@ func (w *Worker) WriteMetrics(out io.Writer) error {
 			func(d *device) float64 { return float64(d.m.execNanos.Load()) / 1e9 }},
 		{"jetfabric_device_sessions", "gauge", "Live sessions.",
 			func(d *device) float64 { return float64(d.sessionCount.Load()) }},
-		{"jetfabric_device_tensor_bytes", "gauge", "Tensor memory held by the device's sessions.",
-			func(d *device) float64 { return float64(d.m.tensorBytes.Load()) }},
+		{"jetfabric_device_tensor_bytes", "gauge", "Tensor memory held by the device's sessions (frees a checkpoint in flight defers included).",
+			func(d *device) float64 { return float64(d.mem.held.Load()) }},
+		{"jetfabric_device_memory_budget_bytes", "gauge", "The most tensor memory the device's sessions may hold together (0: no budget).",
+			func(d *device) float64 { return float64(d.mem.budget) }},
 		{"jetfabric_device_applied_sequence", "gauge", "FABRIC_OPS stream sequence of the last frame the device applied.",
 			func(d *device) float64 { return float64(d.applied.Load()) }},
 		{"jetfabric_device_lag_frames", "gauge", "The device's frames in the stream after the last one handled (JetStream's count at its delivery).",
@@ -170,7 +170,9 @@ func (w *Worker) WriteMetrics(out io.Writer) error {
 			func(d *device) float64 { return float64(d.m.checkpoints.Load()) }},
 		{"jetfabric_device_checkpoint_seconds_total", "counter", "Time spent writing and committing checkpoints.",
 			func(d *device) float64 { return float64(d.m.ckptNanos.Load()) / 1e9 }},
-		{"jetfabric_device_checkpoint_bytes", "gauge", "Size of the last checkpoint.",
+		{"jetfabric_device_checkpoint_snapshot_seconds_total", "counter", "Time the device loop spent taking checkpoint snapshots (the checkpoints are written beside the loop).",
+			func(d *device) float64 { return float64(d.m.snapNanos.Load()) / 1e9 }},
+		{"jetfabric_device_checkpoint_bytes", "gauge", "Bytes the last checkpoint wrote (new tensors and its manifest).",
 			func(d *device) float64 { return float64(d.m.ckptBytes.Load()) }},
 		{"jetfabric_device_checkpoint_last_seconds", "gauge", "Time the last committed checkpoint took to write and commit.",
 			func(d *device) float64 { return float64(d.m.ckptLastNanos.Load()) / 1e9 }},
@@ -195,6 +197,14 @@ func (w *Worker) WriteMetrics(out io.Writer) error {
 	for _, d := range w.devices {
 		for i, code := range errorCodes {
 			p.Sample("jetfabric_device_errors_total", prom.Labels("device", d.cfg.Name, "code", code), float64(d.m.errors[i].Load()))
+		}
+	}
+	p.Family("jetfabric_session_tensor_bytes", "gauge", "Tensor memory held by each session (as of the device's last housekeeping, about once a second).")
+	for _, d := range w.devices {
+		if l := d.sessBytes.Load(); l != nil {
+			for _, s := range *l {
+				p.Sample("jetfabric_session_tensor_bytes", prom.Labels("device", d.cfg.Name, "session", s.id), float64(s.bytes))
+			}
 		}
 	}
 	p.Family("jetfabric_device_bytes_total", "counter", "Tensor bytes moved: in by uploads, out by reads; inline in frames and results, or through the object store.")

@@ -30,22 +30,22 @@ func newSession(id string) *session {
 	return &session{id: id, tensors: map[uint64]entry{}}
 }
 
-func (s *session) free(b kernels.Backend, id uint64) bool {
+func (s *session) free(d *device, id uint64) bool {
 	e, ok := s.tensors[id]
 	if !ok {
 		return false
 	}
 	if e.t != nil {
 		s.bytes -= int64(e.t.Buf.Bytes())
-		b.Free(e.t.Buf)
+		d.freeBuf(e.t.Buf)
 	}
 	delete(s.tensors, id)
 	return true
 }
 
-func (s *session) freeAll(b kernels.Backend) {
+func (s *session) freeAll(d *device) {
 	for id := range s.tensors {
-		s.free(b, id)
+		s.free(d, id)
 	}
 }
 

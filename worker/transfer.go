@@ -348,16 +348,15 @@ func (x *exec) countRead(ctx context.Context, name, who string) error {
 	}
 }
 
-// dropConsumed deletes the objects this device read last, once a
+// dropObjects deletes transfer objects this device read, once a
 // checkpoint covers the ops that read them.
-func (d *device) dropConsumed(ctx context.Context) {
-	for _, name := range d.consumed {
+func (d *device) dropObjects(ctx context.Context, consumed []string) {
+	for _, name := range consumed {
 		if err := d.w.xfer.Delete(ctx, name); err != nil && !errors.Is(err, objectstore.ErrNotFound) {
 			d.w.logf("worker: %s: delete %s: %v", d.cfg.Name, name, err)
 		}
 		_ = d.w.ctrl.Delete(ctx, subjects.TransferKey(name))
 	}
-	d.consumed = d.consumed[:0]
 }
 
 func metaOf(info objectstore.Info) (kernels.Meta, error) {

@@ -108,6 +108,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		w.wg.Go(l.run)
 	}
 	w.wg.Go(w.heartbeat)
+	w.wg.Go(w.reclaimLoop)
 	if w.cfg.Adopt != nil {
 		w.wg.Go(w.adoptLoop)
 	}
@@ -286,6 +287,8 @@ func (w *Worker) entry(d *device, state string) codec.Device {
 		Ops:      d.m.ops.Load(),
 		Frames:   d.m.frames.Load(),
 		Lag:      d.m.pending.Load(),
+		Bytes:    d.mem.held.Load(),
+		Budget:   d.mem.budget,
 	}
 }
 

@@ -251,9 +251,10 @@ func TestIdleSessionsAreFreed(t *testing.T) {
 	}
 	checkFor(t, time.Minute, 20*time.Millisecond, sessions(1))
 	checkFor(t, time.Minute, 50*time.Millisecond, sessions(0))
-	r.sendJSON(`{"v":1,"ops":[{"op":"read","in":[1],"tag":2}]}`)
-	if res := r.result(); len(res.Errors) == 0 || res.Errors[0].Code != codec.CodeUnknownID {
-		t.Fatalf("idle session kept its tensor: %+v", res)
+	// The client is told that its session was freed, on the op it waits for.
+	r.sendJSON(`{"v":1,"ops":[{"op":"full","out":[2],"shape":[1]},{"op":"read","in":[1],"tag":2}]}`)
+	if res := r.result(); res.Tag != 2 || len(res.Errors) != 1 || res.Errors[0].Code != codec.CodeSessionFreed || !strings.Contains(res.Errors[0].Message, "freed") {
+		t.Fatalf("read of an idle session that was freed: %+v", res)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strconv"
 	"text/tabwriter"
 	"time"
 
@@ -63,13 +64,39 @@ func printDevices(w io.Writer, devs []client.Device, now time.Time) {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "DEVICE\tKIND\tBACKEND\tSTATE\tSESSIONS\tAPPLIED\tWORKER\tHEARTBEAT\n")
+	fmt.Fprintf(tw, "DEVICE\tKIND\tBACKEND\tSTATE\tSESSIONS\tMEMORY\tAPPLIED\tWORKER\tHEARTBEAT\n")
 	for _, d := range devs {
 		state := d.State
 		if d.State == "serving" && !client.Live(d, now) {
 			state = "lost"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%v ago\n", d.Name, d.Kind, d.Backend, state, d.Sessions, d.Applied, d.Worker, now.Sub(d.Beat).Round(time.Millisecond))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\t%v ago\n", d.Name, d.Kind, d.Backend, state, d.Sessions, memoryText(d), d.Applied, d.Worker, now.Sub(d.Beat).Round(time.Millisecond))
 	}
 	tw.Flush()
+}
+
+// memoryText is a device's tensor memory and budget, as 1.5G/12G.
+func memoryText(d client.Device) string {
+	if d.Budget <= 0 {
+		return byteText(d.Bytes)
+	}
+	return byteText(d.Bytes) + "/" + byteText(d.Budget)
+}
+
+// byteText writes n bytes in binary units, to 2 significant digits or so.
+func byteText(n int64) string {
+	const units = "KMGTPE"
+	if n < 1024 {
+		return strconv.FormatInt(n, 10) + "B"
+	}
+	f, u := float64(n)/1024, 0
+	for f >= 1024 && u < len(units)-1 {
+		f /= 1024
+		u++
+	}
+	prec := 0
+	if f < 10 {
+		prec = 1
+	}
+	return strconv.FormatFloat(f, 'f', prec, 64) + units[u:u+1]
 }

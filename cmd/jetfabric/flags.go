@@ -124,6 +124,10 @@ type workerFlags struct {
 	gpus       string // all, N or none; "" (a literal workerFlags) is none
 	tf32       bool
 	noFusion   bool
+	// budget: bytes for every device (>0), or 0 and fraction (of each
+	// device's memory; the host's shared among the CPU devices).
+	budget   int64
+	fraction float64
 }
 
 func (f *workerFlags) register(fs *flag.FlagSet) {
@@ -138,6 +142,12 @@ func (f *workerFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.adopt, "adopt", false, "also take over cpu devices whose worker died (lease unrenewed for two TTLs, or stopped with sessions), restoring and replaying them; for replicas of one service")
 	fs.DurationVar(&f.jobAckWait, "job-ack-wait", 10*time.Second, "a job unacknowledged this long (its worker died) goes to another worker")
 	fs.DurationVar(&f.leaseTTL, "lease-ttl", time.Second, "device lease TTL: a standby takes a device over this long after its worker stops renewing")
+	f.fraction = worker.DefaultConfig().MemoryFraction
+	fs.Func("memory-budget", "tensor memory each device's sessions may hold together: a size (8GiB, 512MiB) or a percentage of the device's memory, the host's shared among CPU devices (default 80%); over it an op fails with resource_exhausted", func(v string) error {
+		var err error
+		f.budget, f.fraction, err = parseBudget(v)
+		return err
+	})
 	f.checkpoint = 30 * time.Second
 	fs.Func("checkpoint-interval", "checkpoint each device this often when it ran frames; 0: only on request and at a clean stop (default 30s)", func(v string) error {
 		d, err := time.ParseDuration(v)
@@ -161,6 +171,7 @@ func (f *workerFlags) config(logf func(string, ...any)) (worker.Config, error) {
 	}
 	cfg.IdleTimeout = f.idle
 	cfg.NoFusion = f.noFusion
+	cfg.MemoryFraction = f.fraction
 	cfg.Logf = logf
 	if f.leaseTTL != 0 {
 		cfg.LeaseTTL = f.leaseTTL
@@ -183,7 +194,7 @@ func (f *workerFlags) config(logf func(string, ...any)) (worker.Config, error) {
 		}
 	}
 	for _, n := range names {
-		cfg.Devices = append(cfg.Devices, worker.Device{Name: n, Kind: "cpu", Backend: cpu.New(), Cores: cpuCores()})
+		cfg.Devices = append(cfg.Devices, worker.Device{Name: n, Kind: "cpu", Backend: cpu.New(), Cores: cpuCores(), Budget: f.budget})
 	}
 	if f.adopt {
 		cfg.Adopt = &worker.Adopt{Kind: "cpu", NewBackend: func() (kernels.Backend, error) { return cpu.New(), nil }}
@@ -274,4 +285,32 @@ func envOr(key, def string) string {
 		return v
 	}
 	return def
+}
+
+// parseBudget reads -memory-budget: a percentage (80%) or a size in bytes
+// with an optional unit (KiB, MiB, GiB, TiB; KB, MB, GB, TB).
+func parseBudget(v string) (bytes int64, fraction float64, err error) {
+	v = strings.TrimSpace(v)
+	if p, ok := strings.CutSuffix(v, "%"); ok {
+		f, err := strconv.ParseFloat(p, 64)
+		if err != nil || f <= 0 || f > 100 {
+			return 0, 0, fmt.Errorf("memory budget %q: a percentage in (0, 100]", v)
+		}
+		return 0, f / 100, nil
+	}
+	mult := int64(1)
+	for _, u := range []struct {
+		s string
+		m int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"B", 1}} {
+		if n, ok := strings.CutSuffix(v, u.s); ok {
+			v, mult = strings.TrimSpace(n), u.m
+			break
+		}
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || f <= 0 || f*float64(mult) > 1<<62 {
+		return 0, 0, fmt.Errorf("memory budget %q: a size such as 8GiB or a percentage such as 80%%", v)
+	}
+	return int64(f * float64(mult)), 0, nil
 }

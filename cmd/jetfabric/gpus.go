@@ -96,6 +96,9 @@ func (f *workerFlags) withGPUs(cfg worker.Config, logf func(string, ...any)) (wo
 		logf("worker: %s: %s (%s, compute capability %s, %d MiB)", d.Name, gpus[i].Name, gpus[i].UUID, d.Props["compute_capability"], gpus[i].Memory>>20)
 		devs = append(devs, d)
 	}
+	for i := range devs {
+		devs[i].Budget = f.budget
+	}
 	cfg.Devices = append(cfg.Devices, devs...)
 	if err := cfg.Validate(); err != nil {
 		closeNVML()

@@ -216,3 +216,32 @@ func TestHelp(t *testing.T) {
 		}
 	}
 }
+
+func TestParseBudget(t *testing.T) {
+	for _, c := range []struct {
+		in       string
+		bytes    int64
+		fraction float64
+		bad      bool
+	}{
+		{in: "80%", fraction: 0.8},
+		{in: "8GiB", bytes: 8 << 30},
+		{in: "512 MiB", bytes: 512 << 20},
+		{in: "1.5GB", bytes: 1.5e9},
+		{in: "4096", bytes: 4096},
+		{in: "0%", bad: true},
+		{in: "150%", bad: true},
+		{in: "-1GiB", bad: true},
+		{in: "lots", bad: true},
+	} {
+		b, f, err := parseBudget(c.in)
+		if (err != nil) != c.bad || b != c.bytes || f != c.fraction {
+			t.Errorf("parseBudget(%q) = %d, %v, %v; want %d, %v, error %v", c.in, b, f, err, c.bytes, c.fraction, c.bad)
+		}
+	}
+	for n, want := range map[int64]string{0: "0B", 1023: "1023B", 1536: "1.5K", 20 << 20: "20M", 3 << 30: "3.0G"} {
+		if got := byteText(n); got != want {
+			t.Errorf("byteText(%d) = %q, want %q", n, got, want)
+		}
+	}
+}

@@ -139,7 +139,7 @@ func (v *topView) render(ctx context.Context, w io.Writer, devs []client.Device,
 	}
 	wg.Wait()
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "DEVICE\tSTATE\tWORKER\tSESS\tLAG\tOPS/S\tOPS\tBEAT\n")
+	fmt.Fprintf(tw, "DEVICE\tSTATE\tWORKER\tSESS\tMEM\tLAG\tOPS/S\tOPS\tBEAT\n")
 	for _, d := range devs {
 		state := d.State
 		if d.State == "serving" && !client.Live(d, now) {
@@ -150,8 +150,8 @@ func (v *topView) render(ctx context.Context, w io.Writer, devs []client.Device,
 			rate = count(uint64(float64(d.Ops-p.ops) / now.Sub(p.at).Seconds()))
 		}
 		v.prev[d.Name] = topSample{worker: d.Worker, ops: d.Ops, at: now}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", clip(d.Name, 12), state, clip(d.Worker, 18),
-			d.Sessions, count(d.Lag), rate, count(d.Ops), age(now.Sub(d.Beat)))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", clip(d.Name, 10), state, clip(d.Worker, 12),
+			d.Sessions, byteText(d.Bytes), count(d.Lag), rate, count(d.Ops), age(now.Sub(d.Beat)))
 	}
 	tw.Flush()
 	if v.tel != nil && len(liveGPUs(devs, now)) > 0 {

@@ -75,12 +75,12 @@ func TestTopPlain(t *testing.T) {
 			rows = append(rows, strings.Fields(l)...)
 		}
 	}
-	// cpu-0 serving top-test 1 <lag> <ops/s> <ops> <beat>: twice.
-	if len(rows) < 16 || rows[1] != "serving" || rows[2] != "top-test" || rows[3] != "1" || rows[6] != "102" {
+	// cpu-0 serving top-test 1 <mem> <lag> <ops/s> <ops> <beat>: twice.
+	if len(rows) < 18 || rows[1] != "serving" || rows[2] != "top-test" || rows[3] != "1" || !strings.HasSuffix(rows[4], "B") || rows[7] != "102" {
 		t.Errorf("rows %q", rows)
 	}
-	if rows[5] != "-" { // no rate before a second refresh
-		t.Errorf("first ops/s %q, want -", rows[5])
+	if rows[6] != "-" { // no rate before a second refresh
+		t.Errorf("first ops/s %q, want -", rows[6])
 	}
 
 	if code := run(context.Background(), []string{"top", "--interval", "1ms"}, &stdout, &stderr); code != 1 {

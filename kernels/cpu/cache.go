@@ -55,3 +55,13 @@ func (c *cache) put(w []uint64) {
 	c.free[len(w)] = append(c.free[len(w)], w)
 	c.held += int64(len(w)) * 8
 }
+
+// drop empties the cache and returns the bytes it held.
+func (c *cache) drop() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := c.held
+	clear(c.free)
+	c.held = 0
+	return n
+}

@@ -72,3 +72,20 @@ func TestCacheReuse(t *testing.T) {
 		t.Errorf("a 6 MiB cache reused %v and %v of two 4 MiB buffers; want exactly one", q1 == p1 || q1 == p2, q2 == p1 || q2 == p2)
 	}
 }
+
+// TestCacheTrim: Trim gives back what the cache kept.
+func TestCacheTrim(t *testing.T) {
+	b := cpu.New()
+	const n = 4 << 20
+	x, err := b.Alloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Free(x)
+	if got := b.Trim(); got != n {
+		t.Fatalf("Trim = %d, want %d", got, n)
+	}
+	if got := b.Trim(); got != 0 {
+		t.Fatalf("second Trim = %d, want 0", got)
+	}
+}

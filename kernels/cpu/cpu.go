@@ -43,6 +43,11 @@ func New(opts ...Option) *Backend {
 	return b
 }
 
+// Trim drops the freed buffers kept for reuse, so that the garbage
+// collector can return their memory to the system, and returns their size
+// in bytes. Safe to call from any goroutine.
+func (b *Backend) Trim() int64 { return b.cache.drop() }
+
 // Name returns "cpu".
 func (b *Backend) Name() string { return "cpu" }
 
