@@ -76,7 +76,7 @@ func TestTopPlain(t *testing.T) {
 		}
 	}
 	// cpu-0 serving top-test 1 <mem> <lag> <ops/s> <ops> <beat>: twice.
-	if len(rows) < 18 || rows[1] != "serving" || rows[2] != "top-test" || rows[3] != "1" || !strings.HasSuffix(rows[4], "B") || rows[7] != "102" {
+	if len(rows) < 18 || rows[1] != "serving" || rows[2] != "top-test" || rows[3] != "1" || !strings.ContainsAny(rows[4][len(rows[4])-1:], "BKMGTPE") || rows[7] != "102" {
 		t.Errorf("rows %q", rows)
 	}
 	if rows[6] != "-" { // no rate before a second refresh
