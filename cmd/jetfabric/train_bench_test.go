@@ -16,7 +16,8 @@ import (
 // MLP and the CNN at batch 128 on a CPU worker in this process, the batch
 // cut on the worker; each step waits for the worker, as a step of PyTorch
 // on the CPU does. Compare with the PyTorch anchors of the same models run
-// on the same cores.
+// on the same cores. "ops" sends each step op by op (-no-graph), "replay"
+// replays it as one captured graph.
 func BenchmarkTrainStep(b *testing.B) {
 	data, err := mnistData()
 	if err != nil {
@@ -31,8 +32,9 @@ func BenchmarkTrainStep(b *testing.B) {
 	defer c.Close()
 	const batch, examples = 128, 128 * 16
 	train := data[0].Head(examples)
-	for _, model := range []string{"mlp", "cnn"} {
-		b.Run(model, func(b *testing.B) {
+	for _, bench := range []struct{ model, mode string }{{"mlp", "ops"}, {"mlp", "replay"}, {"cnn", "ops"}, {"cnn", "replay"}} {
+		model := bench.model
+		b.Run(model+"/"+bench.mode, func(b *testing.B) {
 			ctx := context.Background()
 			s, err := c.Open(ctx, "cpu-0")
 			if err != nil {
@@ -48,13 +50,16 @@ func BenchmarkTrainStep(b *testing.B) {
 				b.Fatal(err)
 			}
 			r.params, r.opt = r.model.Params(), nn.NewAdam(1e-3)
+			if bench.mode == "replay" {
+				r.steps = map[[2]int]*nn.Step{}
+			}
 			if r.ep, err = r.train.Epoch(ctx, datasets.Permutation(1, 0, train.N)); err != nil {
 				b.Fatal(err)
 			}
 			reps := []*replica{r}
 			step := func(i int) {
 				lo := i % (examples / batch) * batch
-				if err := trainStep(reps, lo, lo+batch); err != nil {
+				if err := trainStep(ctx, c, reps, lo, lo+batch); err != nil {
 					b.Fatal(err)
 				}
 				for _, l := range r.losses {

@@ -104,6 +104,9 @@ type replica struct {
 	params      []*nn.Param
 	opt         *nn.Adam
 	ep          *datasets.Epoch
+	// steps are the captured steps, by shard and batch size (the last
+	// batch of an epoch may be smaller); nil with -no-graph.
+	steps map[[2]int]*nn.Step
 	// Since the last check: each step's loss (scaled by the rank's share
 	// of the batch), and the sum of correct predictions, on the worker.
 	losses  []*client.Tensor
@@ -152,6 +155,9 @@ func trainMNIST(ctx context.Context, c *client.Client, f *trainFlags, train, tes
 		}
 		r.params = r.model.Params()
 		r.opt = nn.NewAdam(f.lr)
+		if !f.noGraph {
+			r.steps = map[[2]int]*nn.Step{}
+		}
 		// Wait until the worker holds the data before the next rank
 		// uploads the same bytes: two uploads of the same bytes under way
 		// at once may both write the object named by their digest, and
@@ -216,7 +222,7 @@ func trainMNIST(ctx context.Context, c *client.Client, f *trainFlags, train, tes
 		}
 		for lo := 0; lo < n; lo += B {
 			hi := min(lo+B, n)
-			if err := trainStep(reps, lo, hi); err != nil {
+			if err := trainStep(ctx, c, reps, lo, hi); err != nil {
 				return nil, fmt.Errorf("step %d: %w", step+1, err)
 			}
 			step++
@@ -362,7 +368,8 @@ func rankErrors(ctx context.Context, reps []*replica, failed *replica, step int,
 // each rank takes its share, computes its gradients, the ranks sum them
 // (each rank's loss is its mean times its share of the batch, so the sum is
 // the gradient of the batch's mean loss), and each rank's Adam applies them.
-func trainStep(reps []*replica, lo, hi int) error {
+// On one device with captured steps, the whole step is one replay.
+func trainStep(ctx context.Context, c *client.Client, reps []*replica, lo, hi int) error {
 	nb, R := hi-lo, len(reps)
 	for i, r := range reps {
 		a, b := lo+i*nb/R, lo+(i+1)*nb/R
@@ -372,23 +379,35 @@ func trainStep(reps []*replica, lo, hi int) error {
 		}
 		x := nn.Wrap(xc, kernels.Float32, []int{b - a, 1, mnist.Rows, mnist.Cols})
 		y := nn.Wrap(yc, kernels.Int64, []int{b - a})
-		logits, err := r.model.Forward(x)
+		fn := r.stepFunc(float64(b-a) / float64(nb))
+		var loss *nn.Tensor
+		var aux []*nn.Tensor
+		switch {
+		case R == 1 && r.steps != nil:
+			st := r.steps[[2]int{b - a, nb}]
+			if st == nil {
+				if st, err = nn.NewStepAux(c, r.params, r.opt, fn, x.Meta(), y.Meta()); err != nil {
+					return err
+				}
+				r.steps[[2]int{b - a, nb}] = st
+			}
+			loss, aux, err = st.RunAux(ctx, x, y)
+		default:
+			loss, aux, err = fn([]*nn.Tensor{x, y})
+			if err == nil {
+				err = nn.Backward(loss)
+			}
+		}
 		if err != nil {
 			return err
 		}
-		logits.Retain()
-		loss := nn.CrossEntropy(logits, y, "mean")
-		if R > 1 {
-			loss = nn.ScalarMul(loss, float64(b-a)/float64(nb))
-		}
-		if err := nn.Backward(loss); err != nil {
-			return err
-		}
 		r.losses = append(r.losses, loss.Client())
-		r.correct = accumulate(r.s, r.correct, correct(r.s, logits.Client(), yc))
-		logits.Free()
+		r.correct = accumulate(r.s, r.correct, aux[0].Client())
 		x.Free()
 		y.Free()
+	}
+	if R == 1 && reps[0].steps != nil {
+		return nil
 	}
 	if R > 1 {
 		if err := syncGrads(reps); err != nil {
@@ -399,8 +418,28 @@ func trainStep(reps []*replica, lo, hi int) error {
 		if err := r.opt.Step(r.params); err != nil {
 			return err
 		}
+		nn.ZeroGrad(r.params)
 	}
 	return nil
+}
+
+// stepFunc is a rank's step on a shard of a batch: the loss, its mean
+// cross-entropy times scale (the shard's share of the batch), and the
+// number of correct predictions, an f32 scalar.
+func (r *replica) stepFunc(scale float64) nn.StepFunc {
+	return func(b []*nn.Tensor) (*nn.Tensor, []*nn.Tensor, error) {
+		logits, err := r.model.Forward(b[0])
+		if err != nil {
+			return nil, nil, err
+		}
+		loss := nn.CrossEntropy(logits, b[1], "mean")
+		if scale != 1 {
+			loss = nn.ScalarMul(loss, scale)
+		}
+		lc := logits.Client()
+		n := correct(lc.Session(), lc, b[1].Client())
+		return loss, []*nn.Tensor{nn.Wrap(n, kernels.Float32, nil)}, loss.Err()
+	}
 }
 
 // syncGrads sums every parameter's gradient over the ranks through the
