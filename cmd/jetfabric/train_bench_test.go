@@ -51,7 +51,9 @@ func BenchmarkTrainStep(b *testing.B) {
 			}
 			r.params, r.opt = r.model.Params(), nn.NewAdam(1e-3)
 			if bench.mode == "replay" {
-				r.steps = map[[2]int]*nn.Step{}
+				if err := r.useGraphs(c, 1); err != nil {
+					b.Fatal(err)
+				}
 			}
 			if r.ep, err = r.train.Epoch(ctx, datasets.Permutation(1, 0, train.N)); err != nil {
 				b.Fatal(err)

@@ -105,8 +105,12 @@ type replica struct {
 	opt         *nn.Adam
 	ep          *datasets.Epoch
 	// steps are the captured steps, by shard and batch size (the last
-	// batch of an epoch may be smaller); nil with -no-graph.
-	steps map[[2]int]*nn.Step
+	// batch of an epoch may be smaller); nil with -no-graph. With more
+	// than one rank, grads and update are the two halves of a step, the
+	// gradients summed over the ranks between them.
+	steps  map[[2]int]*nn.Step
+	grads  map[[2]int]*nn.GradStep
+	update *nn.Update
 	// Since the last check: each step's loss (scaled by the rank's share
 	// of the batch), and the sum of correct predictions, on the worker.
 	losses  []*client.Tensor
@@ -156,7 +160,9 @@ func trainMNIST(ctx context.Context, c *client.Client, f *trainFlags, train, tes
 		r.params = r.model.Params()
 		r.opt = nn.NewAdam(f.lr)
 		if !f.noGraph {
-			r.steps = map[[2]int]*nn.Step{}
+			if err := r.useGraphs(c, len(f.devices)); err != nil {
+				return nil, err
+			}
 		}
 		// Wait until the worker holds the data before the next rank
 		// uploads the same bytes: two uploads of the same bytes under way
@@ -383,7 +389,17 @@ func trainStep(ctx context.Context, c *client.Client, reps []*replica, lo, hi in
 		var loss *nn.Tensor
 		var aux []*nn.Tensor
 		switch {
-		case R == 1 && r.steps != nil:
+		case r.grads != nil:
+			key := [2]int{b - a, nb}
+			gs := r.grads[key]
+			if gs == nil {
+				if gs, err = nn.NewGradStep(c, r.params, fn, x.Meta(), y.Meta()); err != nil {
+					return err
+				}
+				r.grads[key] = gs
+			}
+			loss, aux, err = gs.Run(ctx, x, y)
+		case r.steps != nil:
 			st := r.steps[[2]int{b - a, nb}]
 			if st == nil {
 				if st, err = nn.NewStepAux(c, r.params, r.opt, fn, x.Meta(), y.Meta()); err != nil {
@@ -415,12 +431,31 @@ func trainStep(ctx context.Context, c *client.Client, reps []*replica, lo, hi in
 		}
 	}
 	for _, r := range reps {
-		if err := r.opt.Step(r.params); err != nil {
+		var err error
+		if r.update != nil {
+			err = r.update.Run(ctx)
+		} else {
+			err = r.opt.Step(r.params)
+			nn.ZeroGrad(r.params)
+		}
+		if err != nil {
 			return err
 		}
-		nn.ZeroGrad(r.params)
 	}
 	return nil
+}
+
+// useGraphs makes r replay its steps as captured graphs: each whole step
+// on one rank, each half of it with more.
+func (r *replica) useGraphs(c *client.Client, ranks int) error {
+	if ranks == 1 {
+		r.steps = map[[2]int]*nn.Step{}
+		return nil
+	}
+	var err error
+	r.grads = map[[2]int]*nn.GradStep{}
+	r.update, err = nn.NewUpdate(c, r.params, r.opt)
+	return err
 }
 
 // stepFunc is a rank's step on a shard of a batch: the loss, its mean

@@ -224,7 +224,9 @@ func testTrainStepHoldsMemory(t *testing.T, replay bool) {
 	}
 	r.params, r.opt = r.model.Params(), nn.NewAdam(1e-3)
 	if replay {
-		r.steps = map[[2]int]*nn.Step{}
+		if err := r.useGraphs(c, 1); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if r.ep, err = r.train.Epoch(ctx, datasets.Permutation(1, 0, train.N)); err != nil {
 		t.Fatal(err)
