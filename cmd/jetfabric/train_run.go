@@ -576,4 +576,3 @@ func evaluate(ctx context.Context, r *replica, n int) (float64, error) {
 	acc.Free()
 	return float64(v[0]) / float64(n), nil
 }
-
