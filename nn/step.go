@@ -32,10 +32,10 @@ type StepFunc func(batch []*Tensor) (loss *Tensor, aux []*Tensor, err error)
 // once as a graph and replayed for every batch: one op on the wire a step,
 // whatever the model's size. Its parameters, the optimizer's state, the
 // batch and the changing scalars (learning rate, Adam's bias corrections)
-// are the graph's placeholders; the new parameters, the new state and the
-// loss its outputs; the old parameters and state are freed by the replay,
-// as Optimizer.Step frees them. A replay gives the bits of the same step
-// run op by op.
+// are the graph's placeholders; the new parameters, the new state, the
+// loss and the aux tensors (see StepFunc) its outputs; the old parameters
+// and state are freed by the replay, as Optimizer.Step frees them. A
+// replay gives the bits of the same step run op by op.
 //
 // Run runs the first steps op by op until the optimizer's state is
 // steady (SGD with momentum and Adam make their state at the first step),
