@@ -477,21 +477,55 @@ func (r *replica) stepFunc(scale float64) nn.StepFunc {
 	}
 }
 
+// smallGrad is the size up to which gradients are summed together, in one
+// all_reduce of their concatenation: each all_reduce costs round trips
+// through the object store whatever its size.
+const smallGrad = 64 << 10
+
 // syncGrads sums every parameter's gradient over the ranks through the
-// object store and sets the sum as each rank's gradient.
+// object store and sets the sum as each rank's gradient: one all_reduce
+// a large parameter, one for all the small ones. A sum is taken element
+// by element in rank order, so grouping changes no bit.
 func syncGrads(reps []*replica) error {
-	np := len(reps[0].params)
-	g, err := client.NewGradSync(len(reps), np, "sum")
+	var units [][]int // indexes of the parameters summed together
+	var small []int
+	for p, pr := range reps[0].params {
+		if pr.T.Numel()*pr.T.DType().Size() <= smallGrad {
+			small = append(small, p)
+		} else {
+			units = append(units, []int{p})
+		}
+	}
+	if len(small) > 0 {
+		units = append(units, small)
+	}
+	g, err := client.NewGradSync(len(reps), len(units), "sum")
 	if err != nil {
 		return err
 	}
-	for p := range np {
+	var cats []*client.Tensor // the concatenations, freed once summed
+	for u, ps := range units {
 		for i, r := range reps {
-			gr := r.params[p].T.Grad()
-			if gr == nil {
-				return fmt.Errorf("parameter %s of rank %d has no gradient", r.params[p].Name, i)
+			parts := make([]*client.Tensor, len(ps))
+			for k, p := range ps {
+				gr := r.params[p].T.Grad()
+				if gr == nil {
+					return fmt.Errorf("parameter %s of rank %d has no gradient", r.params[p].Name, i)
+				}
+				parts[k] = gr.Client()
 			}
-			if err := g.Submit(i, p, gr.Client()); err != nil {
+			t := parts[0]
+			if len(ps) > 1 {
+				for k, part := range parts {
+					parts[k] = part.Reshape(r.params[ps[k]].T.Numel())
+				}
+				t = r.s.Apply(codec.Op{Op: kernels.OpConcat, Axis: 0}, parts...)
+				for _, part := range parts {
+					part.Free()
+				}
+				cats = append(cats, t)
+			}
+			if err := g.Submit(i, u, t); err != nil {
 				return err
 			}
 		}
@@ -500,13 +534,32 @@ func syncGrads(reps []*replica) error {
 	if err != nil {
 		return err
 	}
-	for p := range np {
+	for u, ps := range units {
 		for i, r := range reps {
-			t := r.params[p].T
-			old := t.Grad()
-			t.SetGrad(nn.Wrap(sums[p][i], old.DType(), old.Shape()))
-			old.Free()
+			sum := []*client.Tensor{sums[u][i]}
+			if len(ps) > 1 {
+				sizes := make([]int, len(ps))
+				for k, p := range ps {
+					sizes[k] = r.params[p].T.Numel()
+				}
+				sum = r.s.ApplyN(codec.Op{Op: kernels.OpSplit, Axis: 0, Sizes: sizes}, len(ps), sums[u][i])
+				sums[u][i].Free()
+			}
+			for k, p := range ps {
+				t := r.params[p].T
+				old := t.Grad()
+				gr := sum[k]
+				if len(ps) > 1 {
+					gr = sum[k].Reshape(old.Shape()...)
+					sum[k].Free()
+				}
+				t.SetGrad(nn.Wrap(gr, old.DType(), old.Shape()))
+				old.Free()
+			}
 		}
+	}
+	for _, t := range cats {
+		t.Free()
 	}
 	return nil
 }
