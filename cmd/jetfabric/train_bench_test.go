@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetfabric/jetfabric/broker"
 	"github.com/jetfabric/jetfabric/broker/brokertest"
 	"github.com/jetfabric/jetfabric/client"
 	"github.com/jetfabric/jetfabric/datasets"
@@ -25,7 +28,8 @@ func BenchmarkTrainStep(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	br := brokertest.Run(b)
+	// Transfers on memory storage, as the fabric train starts keeps them.
+	br := brokertest.Run(b, func(c *broker.Config) { c.Provision.XferStorage = jetstream.MemoryStorage })
 	workertest.Run(b, br, workertest.CPUs(2))
 	c, err := client.Connect(br.ClientURL())
 	if err != nil {
