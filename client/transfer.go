@@ -58,9 +58,20 @@ func (s *Session) Import(id string, timeout time.Duration) *Tensor {
 type CollectiveOption func(*codec.Op)
 
 // Naive selects the gather-to-rank-0 algorithm, for comparison: rank 0
-// moves about 2(n-1) tensors through the broker, where the default
-// (reduce-scatter, then all-gather) has every rank move about 3.
+// moves about 2(n-1) tensors through the broker, where reduce-scatter then
+// all-gather (Scatter) has every rank move about 3.
 func Naive() CollectiveOption { return func(op *codec.Op) { op.Algo = "naive" } }
+
+// Scatter selects reduce-scatter then all-gather for an all_reduce: two
+// rounds through the object store, every rank moving about 3 tensors
+// whatever the rank count. The worker's default for more than two ranks
+// and tensors over 1 MiB.
+func Scatter() CollectiveOption { return func(op *codec.Op) { op.Algo = "scatter" } }
+
+// Direct selects the one-round all_reduce: every rank writes its tensor
+// and reads every other's. The worker's default for two ranks, and for
+// tensors up to 1 MiB. Every algorithm gives the same bits.
+func Direct() CollectiveOption { return func(op *codec.Op) { op.Algo = "direct" } }
 
 // CollectiveTimeout bounds how long a rank waits for the others.
 func CollectiveTimeout(d time.Duration) CollectiveOption {

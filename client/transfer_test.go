@@ -194,25 +194,34 @@ func TestCollectives(t *testing.T) {
 		f      func(a, b float64) float64
 		div    float64
 	}{{"sum", sum, 1}, {"mean", sum, 4}, {"max", math.Max, 1}, {"min", math.Min, 1}} {
-		for _, naive := range []bool{false, true} {
+		// Every algorithm gives every rank the bits of the default's rank 0.
+		var first []float32
+		for _, algo := range []string{"default", "naive", "scatter", "direct"} {
 			var opts []client.CollectiveOption
-			if naive {
+			switch algo {
+			case "naive":
 				opts = append(opts, client.Naive())
+			case "scatter":
+				opts = append(opts, client.Scatter())
+			case "direct":
+				opts = append(opts, client.Direct())
 			}
 			out, err := client.AllReduce(c.reduce, xs, opts...)
 			if err != nil {
 				t.Fatal(err)
 			}
 			want := ref(c.f, c.div)
-			first := read(t, out[0])
+			if first == nil {
+				first = read(t, out[0])
+			}
 			for r := range out {
 				got := read(t, out[r])
 				for i := range got {
 					if math.Float32bits(got[i]) != math.Float32bits(first[i]) {
-						t.Fatalf("%s naive=%v: rank %d differs from rank 0 at %d", c.reduce, naive, r, i)
+						t.Fatalf("%s %s: rank %d differs from rank 0 of the default at %d", c.reduce, algo, r, i)
 					}
 					if math.Abs(float64(got[i])-want[i]) > 1e-5 {
-						t.Fatalf("%s naive=%v: rank %d [%d] = %v, want %v", c.reduce, naive, r, i, got[i], want[i])
+						t.Fatalf("%s %s: rank %d [%d] = %v, want %v", c.reduce, algo, r, i, got[i], want[i])
 					}
 				}
 			}

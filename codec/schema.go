@@ -131,9 +131,11 @@ type Op struct {
 	// Reduce is a collective's reduction: sum (default), mean, max or min;
 	// and cross_entropy's: mean (default), sum or none.
 	Reduce string `cbor:"reduce,omitempty" json:"reduce,omitempty"`
-	// Algo is a collective's algorithm: "scatter" (default; every rank
-	// reduces its own slice, then every rank gathers the reduced slices)
-	// or "naive" (gather to rank 0, reduce there, fetch from it).
+	// Algo is an all_reduce's algorithm: "scatter" (every rank reduces
+	// its own slice, then every rank gathers the reduced slices), "direct"
+	// (every rank reads every other's tensor, in one round) or "naive"
+	// (gather to rank 0, reduce there, fetch from it). Empty: direct for
+	// two ranks or up to 1 MiB, scatter otherwise.
 	Algo string `cbor:"algo,omitempty" json:"algo,omitempty"`
 
 	// Graph, Base and Scalars are a replay's: the graph's name (the

@@ -86,6 +86,12 @@
 //		...
 //	}
 //
+// NewStepAux adds outputs outside the gradient (a count of correct
+// predictions). Data-parallel ranks capture the two halves instead:
+// a GradStep (forward and backward, leaving the gradients on the
+// parameters), then, once the gradients are summed over the ranks, an
+// Update (the optimizer).
+//
 // Tensors and graphs are not safe for concurrent use; the session under
 // them is.
 package nn

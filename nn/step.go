@@ -19,14 +19,20 @@ const (
 // model's parameters (Param.T) afresh.
 type LossFunc func(batch []*Tensor) (*Tensor, error)
 
+// StepFunc computes a training step's loss from a batch, as LossFunc does,
+// and aux: other tensors the step returns (a count of correct predictions,
+// say) that take no part in the gradient. Each call returns as many aux
+// tensors, of the same dtypes and shapes.
+type StepFunc func(batch []*Tensor) (loss *Tensor, aux []*Tensor, err error)
+
 // Step is a training step (forward, Backward, optimizer update) captured
 // once as a graph and replayed for every batch: one op on the wire a step,
 // whatever the model's size. Its parameters, the optimizer's state, the
 // batch and the changing scalars (learning rate, Adam's bias corrections)
-// are the graph's placeholders; the new parameters, the new state and the
-// loss its outputs; the old parameters and state are freed by the replay,
-// as Optimizer.Step frees them. A replay gives the bits of the same step
-// run op by op.
+// are the graph's placeholders; the new parameters, the new state, the
+// loss and the aux tensors (see StepFunc) its outputs; the old parameters
+// and state are freed by the replay, as Optimizer.Step frees them. A
+// replay gives the bits of the same step run op by op.
 //
 // Run runs the first steps op by op until the optimizer's state is
 // steady (SGD with momentum and Adam make their state at the first step),
@@ -40,12 +46,13 @@ type Step struct {
 	c      *client.Client
 	params []*Param
 	opt    Optimizer
-	loss   LossFunc
+	fn     StepFunc
 	batch  []kernels.Meta
 
 	def     *client.GraphDef
 	names   []string       // the graph's scalar placeholders
-	outMeta []kernels.Meta // of the graph's outputs: loss, params, state
+	outMeta []kernels.Meta // of the graph's outputs: loss, params, state, aux
+	naux    int
 }
 
 // stepOptimizer is met by the optimizers a Step can capture.
@@ -69,13 +76,25 @@ type stepOptimizer interface {
 // (SGD, Adam or AdamW), with loss computed by loss from a batch of tensors
 // of the given metas. c is the client of the parameters' session.
 func NewStep(c *client.Client, params []*Param, opt Optimizer, loss LossFunc, batch ...kernels.Meta) (*Step, error) {
+	if loss == nil {
+		return nil, fmt.Errorf("%w: NewStep needs a client, parameters and a loss", ErrInvalidArgument)
+	}
+	return NewStepAux(c, params, opt, func(b []*Tensor) (*Tensor, []*Tensor, error) {
+		l, err := loss(b)
+		return l, nil, err
+	}, batch...)
+}
+
+// NewStepAux is NewStep with a step that also returns aux tensors: see
+// StepFunc and RunAux.
+func NewStepAux(c *client.Client, params []*Param, opt Optimizer, fn StepFunc, batch ...kernels.Meta) (*Step, error) {
 	if _, ok := opt.(stepOptimizer); !ok {
 		return nil, fmt.Errorf("%w: a Step captures SGD, Adam or AdamW, not %T", ErrInvalidArgument, opt)
 	}
-	if c == nil || loss == nil || len(params) == 0 {
+	if c == nil || fn == nil || len(params) == 0 {
 		return nil, fmt.Errorf("%w: NewStep needs a client, parameters and a loss", ErrInvalidArgument)
 	}
-	return &Step{c: c, params: params, opt: opt, loss: loss, batch: batch}, nil
+	return &Step{c: c, params: params, opt: opt, fn: fn, batch: batch}, nil
 }
 
 // Captured reports whether the step is captured: later runs are replays.
@@ -87,16 +106,19 @@ func (st *Step) Graph() *client.GraphDef { return st.def }
 // Run runs one step on batch and returns its loss, a leaf of the
 // parameters' session for the caller to read and free.
 func (st *Step) Run(ctx context.Context, batch ...*Tensor) (*Tensor, error) {
-	if len(batch) != len(st.batch) {
-		return nil, fmt.Errorf("%w: the step takes a batch of %d tensors, %d given", ErrInvalidArgument, len(st.batch), len(batch))
+	loss, aux, err := st.RunAux(ctx, batch...)
+	for _, t := range aux {
+		t.Free()
 	}
-	for i, b := range batch {
-		if err := checkLive(b); err != nil {
-			return nil, fmt.Errorf("nn: batch %d: %w", i, err)
-		}
-		if b.DType() != st.batch[i].DType || !sameShape(b.Shape(), st.batch[i].Shape) {
-			return nil, fmt.Errorf("%w: batch %d is %v, the step takes %v%v", ErrInvalidArgument, i, b, st.batch[i].DType, st.batch[i].Shape)
-		}
+	return loss, err
+}
+
+// RunAux runs one step on batch and returns its loss and the step's aux
+// tensors, leaves of the parameters' session for the caller to read and
+// free.
+func (st *Step) RunAux(ctx context.Context, batch ...*Tensor) (*Tensor, []*Tensor, error) {
+	if err := checkBatch(st.batch, batch); err != nil {
+		return nil, nil, err
 	}
 	opt := st.opt.(stepOptimizer)
 	if st.def == nil {
@@ -104,26 +126,42 @@ func (st *Step) Run(ctx context.Context, batch ...*Tensor) (*Tensor, error) {
 			return st.eager(batch)
 		}
 		if err := st.capture(ctx); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	return st.replay(batch)
 }
 
+// checkBatch checks batch against the metas a step takes.
+func checkBatch(metas []kernels.Meta, batch []*Tensor) error {
+	if len(batch) != len(metas) {
+		return fmt.Errorf("%w: the step takes a batch of %d tensors, %d given", ErrInvalidArgument, len(metas), len(batch))
+	}
+	for i, b := range batch {
+		if err := checkLive(b); err != nil {
+			return fmt.Errorf("nn: batch %d: %w", i, err)
+		}
+		if b.DType() != metas[i].DType || !sameShape(b.Shape(), metas[i].Shape) {
+			return fmt.Errorf("%w: batch %d is %v, the step takes %v%v", ErrInvalidArgument, i, b, metas[i].DType, metas[i].Shape)
+		}
+	}
+	return nil
+}
+
 // eager runs the step op by op.
-func (st *Step) eager(batch []*Tensor) (*Tensor, error) {
-	loss, err := st.loss(batch)
+func (st *Step) eager(batch []*Tensor) (*Tensor, []*Tensor, error) {
+	loss, aux, err := st.fn(batch)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := Backward(loss); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := st.opt.Step(st.params); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	ZeroGrad(st.params)
-	return loss, nil
+	return loss, aux, nil
 }
 
 // capture records the step on a graph whose placeholders stand for the
@@ -158,7 +196,7 @@ func (st *Step) capture(ctx context.Context) error {
 	for i, m := range st.batch {
 		batch[i] = Wrap(g.Input(m.DType.String(), m.Shape), m.DType, m.Shape)
 	}
-	loss, err := st.loss(batch)
+	loss, aux, err := st.fn(batch)
 	if err != nil {
 		return fmt.Errorf("nn: capture: %w", err)
 	}
@@ -180,6 +218,8 @@ func (st *Step) capture(ctx context.Context) error {
 		outs = append(outs, p.T)
 	}
 	outs = append(outs, newState...)
+	outs = append(outs, aux...)
+	st.naux = len(aux)
 	cts := make([]*client.Tensor, len(outs))
 	st.outMeta = make([]kernels.Meta, len(outs))
 	for i, t := range outs {
@@ -194,17 +234,17 @@ func (st *Step) capture(ctx context.Context) error {
 }
 
 // replay runs the captured step once.
-func (st *Step) replay(batch []*Tensor) (*Tensor, error) {
+func (st *Step) replay(batch []*Tensor) (*Tensor, []*Tensor, error) {
 	opt := st.opt.(stepOptimizer)
 	state, steady := opt.state(st.params)
-	if !steady || len(state) != len(st.outMeta)-1-len(st.params) {
-		return nil, fmt.Errorf("%w: the optimizer's state changed since the step was captured", ErrInvalidArgument)
+	if !steady || len(state) != len(st.outMeta)-1-len(st.params)-st.naux {
+		return nil, nil, fmt.Errorf("%w: the optimizer's state changed since the step was captured", ErrInvalidArgument)
 	}
 	var in []*client.Tensor
 	var old []*Tensor
 	for _, p := range st.params {
 		if err := checkLive(p.T); err != nil {
-			return nil, fmt.Errorf("nn: parameter %q: %w", p.Name, err)
+			return nil, nil, fmt.Errorf("nn: parameter %q: %w", p.Name, err)
 		}
 		in, old = append(in, p.T.Client()), append(old, p.T)
 	}
@@ -218,7 +258,7 @@ func (st *Step) replay(batch []*Tensor) (*Tensor, error) {
 	for i, n := range st.names {
 		v, err := opt.scalar(n, st.params)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		scalars[i] = v
 	}
@@ -238,7 +278,11 @@ func (st *Step) replay(batch []*Tensor) (*Tensor, error) {
 	}
 	opt.setState(st.params, next)
 	opt.stepped(st.params)
-	return wrap(0), nil
+	aux := make([]*Tensor, st.naux)
+	for i := range aux {
+		aux[i] = wrap(len(outs) - st.naux + i)
+	}
+	return wrap(0), aux, nil
 }
 
 func checkLive(t *Tensor) error {

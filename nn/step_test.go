@@ -251,3 +251,101 @@ func TestStepRefusesBadArguments(t *testing.T) {
 		t.Fatalf("loss %v, %v", v, err)
 	}
 }
+
+// TestGradStepAndUpdateReplayTheStep: a step run as its two captured
+// halves, forward and backward then the update, gives the bits of the same
+// step op by op, with the aux output (twice the loss, outside the gradient).
+func TestGradStepAndUpdateReplayTheStep(t *testing.T) {
+	c, _ := ltLayerFabric(t)
+	ctx := context.Background()
+	opts := map[string]func() nn.Optimizer{
+		"sgd momentum": func() nn.Optimizer { return &nn.SGD{LR: 0.05, Momentum: 0.9} },
+		"adam":         func() nn.Optimizer { return nn.NewAdam(0.01) },
+	}
+	const steps = 4
+	for name, newOpt := range opts {
+		t.Run(name, func(t *testing.T) {
+			run := func(captured bool) ([]float64, [][]float32) {
+				s := ltOpenSession(t, c)
+				model := stepModel(t, s)
+				opt := newOpt()
+				fn := func(b []*nn.Tensor) (*nn.Tensor, []*nn.Tensor, error) {
+					logits, err := model.Forward(b[0])
+					if err != nil {
+						return nil, nil, err
+					}
+					loss := nn.CrossEntropy(logits, b[1], nn.ReduceMean)
+					twice := nn.Wrap(loss.Client().Add(loss.Client()), kernels.Float32, nil)
+					return loss, []*nn.Tensor{twice}, loss.Err()
+				}
+				metas := []kernels.Meta{{DType: kernels.Float32, Shape: []int{6, 8}}, {DType: kernels.Int64, Shape: []int{6}}}
+				gs, err := nn.NewGradStep(c, model.Params(), fn, metas...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				up, err := nn.NewUpdate(c, model.Params(), opt)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var losses []float64
+				for k := range steps {
+					x, y := stepBatch(t, s, k)
+					var loss *nn.Tensor
+					var aux []*nn.Tensor
+					if captured {
+						loss, aux, err = gs.Run(ctx, x, y)
+						if err == nil {
+							err = up.Run(ctx)
+						}
+					} else {
+						loss, aux, err = fn([]*nn.Tensor{x, y})
+						if err == nil {
+							err = nn.Backward(loss)
+						}
+						if err == nil {
+							err = opt.Step(model.Params())
+						}
+						nn.ZeroGrad(model.Params())
+					}
+					if err != nil {
+						t.Fatal(err)
+					}
+					for _, l := range []*nn.Tensor{loss, aux[0]} {
+						v, err := l.Item(ctx)
+						if err != nil {
+							t.Fatal(err)
+						}
+						losses = append(losses, v)
+						l.Free()
+					}
+					x.Free()
+					y.Free()
+				}
+				if captured && (!gs.Captured() || !up.Captured()) {
+					t.Fatalf("captured: forward and backward %v, update %v", gs.Captured(), up.Captured())
+				}
+				var params [][]float32
+				for _, p := range model.Params() {
+					v, err := p.T.Float32s(ctx)
+					if err != nil {
+						t.Fatal(err)
+					}
+					params = append(params, v)
+				}
+				return losses, params
+			}
+			wantLoss, wantParams := run(false)
+			gotLoss, gotParams := run(true)
+			for k := range wantLoss {
+				if math.Float64bits(gotLoss[k]) != math.Float64bits(wantLoss[k]) {
+					t.Errorf("output %d: %v captured, %v op by op", k, gotLoss[k], wantLoss[k])
+				}
+			}
+			for i := range wantParams {
+				if !slices.Equal(gotParams[i], wantParams[i]) {
+					t.Errorf("parameter %d differs after %d steps", i, steps)
+				}
+			}
+		})
+	}
+}

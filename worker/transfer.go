@@ -552,11 +552,8 @@ func (x *exec) collective(i int, op *codec.Op) error {
 		return failf(codec.CodeAttr, "%s: reduce %q (want sum, mean, max or min)", op.Op, red)
 	}
 	algo := op.Algo
-	if algo == "" {
-		algo = "scatter"
-	}
-	if algo != "scatter" && algo != "naive" {
-		return failf(codec.CodeAttr, "%s: algo %q (want scatter or naive)", op.Op, algo)
+	if !slices.Contains([]string{"", "scatter", "naive", "direct"}, algo) {
+		return failf(codec.CodeAttr, "%s: algo %q (want scatter, naive or direct)", op.Op, algo)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), x.timeout(op))
 	defer cancel()
@@ -644,10 +641,19 @@ func (x *exec) collective(i int, op *codec.Op) error {
 	if _, err := reducer(m.DType, red); err != nil {
 		return err
 	}
+	if algo == "" {
+		algo = "scatter"
+		if n == 2 || m.Bytes() <= directMax {
+			algo = "direct"
+		}
+	}
 	var out []byte
-	if algo == "naive" {
+	switch algo {
+	case "naive":
 		out, err = c.naive(m, data, red)
-	} else {
+	case "direct":
+		out, err = c.direct(m, data, red)
+	default:
 		out, err = c.scatterGather(m, data, red)
 	}
 	if err != nil {
@@ -695,26 +701,20 @@ func (c *coll) bounds(n int) []int {
 func (c *coll) reduceScatter(m kernels.Meta, data []byte, red string) ([]byte, error) {
 	es := m.DType.Size()
 	b := c.bounds(m.Numel())
-	var wg sync.WaitGroup
-	errs := make([]error, c.n)
-	for j := range c.n {
-		if j != c.r {
-			piece := kernels.Meta{DType: m.DType, Shape: []int{b[j+1] - b[j]}}
-			wg.Go(func() { errs[j] = c.put("rs", j, piece, data[b[j]*es:b[j+1]*es], 1) })
-		}
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
-	}
 	want := kernels.Meta{DType: m.DType, Shape: []int{b[c.r+1] - b[c.r]}}
 	pieces := make([][]byte, c.n)
+	// The pieces this rank sends and those it receives travel at once:
+	// every rank writes before it waits for the others' writes.
+	var wg sync.WaitGroup
+	errs := make([]error, 2*c.n)
 	for j := range c.n {
 		if j == c.r {
 			pieces[j] = data[b[j]*es : b[j+1]*es]
 			continue
 		}
-		wg.Go(func() { _, pieces[j], errs[j] = c.get("rs", j, c.r, want) })
+		piece := kernels.Meta{DType: m.DType, Shape: []int{b[j+1] - b[j]}}
+		wg.Go(func() { errs[j] = c.put("rs", j, piece, data[b[j]*es:b[j+1]*es], 1) })
+		wg.Go(func() { _, pieces[j], errs[c.n+j] = c.get("rs", j, c.r, want) })
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
@@ -731,6 +731,46 @@ func (c *coll) reduceScatter(m kernels.Meta, data []byte, red string) ([]byte, e
 	return acc, nil
 }
 
+// directMax is the size up to which the default all_reduce of more than
+// two ranks is direct: below it the round of the object store saved
+// costs more than the extra tensors read.
+const directMax = 1 << 20
+
+// direct is the all_reduce in one round of the object store: every rank
+// writes its tensor once and reads every other rank's, and reduces them
+// all in rank order, as reduceScatter reduces each slice, so both give the
+// same bits. Each rank reads n-1 tensors: with two ranks as many bytes as
+// scatterGather moves, in half the round trips.
+func (c *coll) direct(m kernels.Meta, data []byte, red string) ([]byte, error) {
+	f, err := reducer(m.DType, red)
+	if err != nil {
+		return nil, err
+	}
+	pieces := make([][]byte, c.n)
+	errs := make([]error, c.n)
+	var wg sync.WaitGroup
+	for j := range c.n {
+		if j == c.r {
+			pieces[j] = data
+			wg.Go(func() { errs[j] = c.put("ar", -1, m, data, c.n-1) })
+			continue
+		}
+		wg.Go(func() { _, pieces[j], errs[j] = c.get("ar", j, -1, m) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	acc := slices.Clone(pieces[0])
+	for j := 1; j < c.n; j++ {
+		f(acc, pieces[j])
+	}
+	if red == "mean" {
+		divide(m.DType, acc, c.n)
+	}
+	return acc, nil
+}
+
 // scatterGather is the all_reduce for a broker in the middle: reduce-
 // scatter, then every rank gathers the reduced slices. Each rank writes
 // about one tensor's bytes and reads about two, whatever the rank count.
@@ -741,15 +781,15 @@ func (c *coll) scatterGather(m kernels.Meta, data []byte, red string) ([]byte, e
 	}
 	es := m.DType.Size()
 	b := c.bounds(m.Numel())
-	if err := c.put("ag", -1, kernels.Meta{DType: m.DType, Shape: []int{len(mine) / es}}, mine, c.n-1); err != nil {
-		return nil, err
-	}
 	out := make([]byte, len(data))
 	copy(out[b[c.r]*es:], mine)
 	var wg sync.WaitGroup
 	errs := make([]error, c.n)
 	for j := range c.n {
 		if j == c.r {
+			wg.Go(func() {
+				errs[j] = c.put("ag", -1, kernels.Meta{DType: m.DType, Shape: []int{len(mine) / es}}, mine, c.n-1)
+			})
 			continue
 		}
 		wg.Go(func() {

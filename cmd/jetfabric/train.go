@@ -34,6 +34,7 @@ type trainFlags struct {
 	json      bool
 	every     time.Duration
 	check     int
+	noGraph   bool
 }
 
 // errFlag marks a flag value that train refuses.
@@ -59,6 +60,7 @@ func (f *trainFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.json, "json", false, "print one JSON object at the end (progress goes to stderr)")
 	fs.DurationVar(&f.every, "progress", 3*time.Second, "print a progress line this often (0: none)")
 	fs.IntVar(&f.check, "check-every", 20, "read the loss every this many steps, to report progress and catch a NaN")
+	fs.BoolVar(&f.noGraph, "no-graph", false, "send every step op by op instead of replaying it as a captured graph")
 }
 
 // validate checks the flags and fills the device list.

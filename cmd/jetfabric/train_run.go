@@ -104,6 +104,13 @@ type replica struct {
 	params      []*nn.Param
 	opt         *nn.Adam
 	ep          *datasets.Epoch
+	// steps are the captured steps, by shard and batch size (the last
+	// batch of an epoch may be smaller); nil with -no-graph. With more
+	// than one rank, grads and update are the two halves of a step, the
+	// gradients summed over the ranks between them.
+	steps  map[[2]int]*nn.Step
+	grads  map[[2]int]*nn.GradStep
+	update *nn.Update
 	// Since the last check: each step's loss (scaled by the rank's share
 	// of the batch), and the sum of correct predictions, on the worker.
 	losses  []*client.Tensor
@@ -152,6 +159,11 @@ func trainMNIST(ctx context.Context, c *client.Client, f *trainFlags, train, tes
 		}
 		r.params = r.model.Params()
 		r.opt = nn.NewAdam(f.lr)
+		if !f.noGraph {
+			if err := r.useGraphs(c, len(f.devices)); err != nil {
+				return nil, err
+			}
+		}
 		// Wait until the worker holds the data before the next rank
 		// uploads the same bytes: two uploads of the same bytes under way
 		// at once may both write the object named by their digest, and
@@ -216,7 +228,7 @@ func trainMNIST(ctx context.Context, c *client.Client, f *trainFlags, train, tes
 		}
 		for lo := 0; lo < n; lo += B {
 			hi := min(lo+B, n)
-			if err := trainStep(reps, lo, hi); err != nil {
+			if err := trainStep(ctx, c, reps, lo, hi); err != nil {
 				return nil, fmt.Errorf("step %d: %w", step+1, err)
 			}
 			step++
@@ -362,7 +374,8 @@ func rankErrors(ctx context.Context, reps []*replica, failed *replica, step int,
 // each rank takes its share, computes its gradients, the ranks sum them
 // (each rank's loss is its mean times its share of the batch, so the sum is
 // the gradient of the batch's mean loss), and each rank's Adam applies them.
-func trainStep(reps []*replica, lo, hi int) error {
+// On one device with captured steps, the whole step is one replay.
+func trainStep(ctx context.Context, c *client.Client, reps []*replica, lo, hi int) error {
 	nb, R := hi-lo, len(reps)
 	for i, r := range reps {
 		a, b := lo+i*nb/R, lo+(i+1)*nb/R
@@ -372,23 +385,45 @@ func trainStep(reps []*replica, lo, hi int) error {
 		}
 		x := nn.Wrap(xc, kernels.Float32, []int{b - a, 1, mnist.Rows, mnist.Cols})
 		y := nn.Wrap(yc, kernels.Int64, []int{b - a})
-		logits, err := r.model.Forward(x)
+		fn := r.stepFunc(float64(b-a) / float64(nb))
+		var loss *nn.Tensor
+		var aux []*nn.Tensor
+		switch {
+		case r.grads != nil:
+			key := [2]int{b - a, nb}
+			gs := r.grads[key]
+			if gs == nil {
+				if gs, err = nn.NewGradStep(c, r.params, fn, x.Meta(), y.Meta()); err != nil {
+					return err
+				}
+				r.grads[key] = gs
+			}
+			loss, aux, err = gs.Run(ctx, x, y)
+		case r.steps != nil:
+			st := r.steps[[2]int{b - a, nb}]
+			if st == nil {
+				if st, err = nn.NewStepAux(c, r.params, r.opt, fn, x.Meta(), y.Meta()); err != nil {
+					return err
+				}
+				r.steps[[2]int{b - a, nb}] = st
+			}
+			loss, aux, err = st.RunAux(ctx, x, y)
+		default:
+			loss, aux, err = fn([]*nn.Tensor{x, y})
+			if err == nil {
+				err = nn.Backward(loss)
+			}
+		}
 		if err != nil {
 			return err
 		}
-		logits.Retain()
-		loss := nn.CrossEntropy(logits, y, "mean")
-		if R > 1 {
-			loss = nn.ScalarMul(loss, float64(b-a)/float64(nb))
-		}
-		if err := nn.Backward(loss); err != nil {
-			return err
-		}
 		r.losses = append(r.losses, loss.Client())
-		r.correct = accumulate(r.s, r.correct, correct(r.s, logits.Client(), yc))
-		logits.Free()
+		r.correct = accumulate(r.s, r.correct, aux[0].Client())
 		x.Free()
 		y.Free()
+	}
+	if R == 1 && reps[0].steps != nil {
+		return nil
 	}
 	if R > 1 {
 		if err := syncGrads(reps); err != nil {
@@ -396,28 +431,101 @@ func trainStep(reps []*replica, lo, hi int) error {
 		}
 	}
 	for _, r := range reps {
-		if err := r.opt.Step(r.params); err != nil {
+		var err error
+		if r.update != nil {
+			err = r.update.Run(ctx)
+		} else {
+			err = r.opt.Step(r.params)
+			nn.ZeroGrad(r.params)
+		}
+		if err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
+// useGraphs makes r replay its steps as captured graphs: each whole step
+// on one rank, each half of it with more.
+func (r *replica) useGraphs(c *client.Client, ranks int) error {
+	if ranks == 1 {
+		r.steps = map[[2]int]*nn.Step{}
+		return nil
+	}
+	var err error
+	r.grads = map[[2]int]*nn.GradStep{}
+	r.update, err = nn.NewUpdate(c, r.params, r.opt)
+	return err
+}
+
+// stepFunc is a rank's step on a shard of a batch: the loss, its mean
+// cross-entropy times scale (the shard's share of the batch), and the
+// number of correct predictions, an f32 scalar.
+func (r *replica) stepFunc(scale float64) nn.StepFunc {
+	return func(b []*nn.Tensor) (*nn.Tensor, []*nn.Tensor, error) {
+		logits, err := r.model.Forward(b[0])
+		if err != nil {
+			return nil, nil, err
+		}
+		loss := nn.CrossEntropy(logits, b[1], "mean")
+		if scale != 1 {
+			loss = nn.ScalarMul(loss, scale)
+		}
+		lc := logits.Client()
+		n := correct(lc.Session(), lc, b[1].Client())
+		return loss, []*nn.Tensor{nn.Wrap(n, kernels.Float32, nil)}, loss.Err()
+	}
+}
+
+// smallGrad is the size up to which gradients are summed together, in one
+// all_reduce of their concatenation: each all_reduce costs round trips
+// through the object store whatever its size.
+const smallGrad = 64 << 10
+
 // syncGrads sums every parameter's gradient over the ranks through the
-// object store and sets the sum as each rank's gradient.
+// object store and sets the sum as each rank's gradient: one all_reduce
+// a large parameter, one for all the small ones. A sum is taken element
+// by element in rank order, so grouping changes no bit.
 func syncGrads(reps []*replica) error {
-	np := len(reps[0].params)
-	g, err := client.NewGradSync(len(reps), np, "sum")
+	var units [][]int // indexes of the parameters summed together
+	var small []int
+	for p, pr := range reps[0].params {
+		if pr.T.Numel()*pr.T.DType().Size() <= smallGrad {
+			small = append(small, p)
+		} else {
+			units = append(units, []int{p})
+		}
+	}
+	if len(small) > 0 {
+		units = append(units, small)
+	}
+	g, err := client.NewGradSync(len(reps), len(units), "sum")
 	if err != nil {
 		return err
 	}
-	for p := range np {
+	var cats []*client.Tensor // the concatenations, freed once summed
+	for u, ps := range units {
 		for i, r := range reps {
-			gr := r.params[p].T.Grad()
-			if gr == nil {
-				return fmt.Errorf("parameter %s of rank %d has no gradient", r.params[p].Name, i)
+			parts := make([]*client.Tensor, len(ps))
+			for k, p := range ps {
+				gr := r.params[p].T.Grad()
+				if gr == nil {
+					return fmt.Errorf("parameter %s of rank %d has no gradient", r.params[p].Name, i)
+				}
+				parts[k] = gr.Client()
 			}
-			if err := g.Submit(i, p, gr.Client()); err != nil {
+			t := parts[0]
+			if len(ps) > 1 {
+				for k, part := range parts {
+					parts[k] = part.Reshape(r.params[ps[k]].T.Numel())
+				}
+				t = r.s.Apply(codec.Op{Op: kernels.OpConcat, Axis: 0}, parts...)
+				for _, part := range parts {
+					part.Free()
+				}
+				cats = append(cats, t)
+			}
+			if err := g.Submit(i, u, t); err != nil {
 				return err
 			}
 		}
@@ -426,13 +534,32 @@ func syncGrads(reps []*replica) error {
 	if err != nil {
 		return err
 	}
-	for p := range np {
+	for u, ps := range units {
 		for i, r := range reps {
-			t := r.params[p].T
-			old := t.Grad()
-			t.SetGrad(nn.Wrap(sums[p][i], old.DType(), old.Shape()))
-			old.Free()
+			sum := []*client.Tensor{sums[u][i]}
+			if len(ps) > 1 {
+				sizes := make([]int, len(ps))
+				for k, p := range ps {
+					sizes[k] = r.params[p].T.Numel()
+				}
+				sum = r.s.ApplyN(codec.Op{Op: kernels.OpSplit, Axis: 0, Sizes: sizes}, len(ps), sums[u][i])
+				sums[u][i].Free()
+			}
+			for k, p := range ps {
+				t := r.params[p].T
+				old := t.Grad()
+				gr := sum[k]
+				if len(ps) > 1 {
+					gr = sum[k].Reshape(old.Shape()...)
+					sum[k].Free()
+				}
+				t.SetGrad(nn.Wrap(gr, old.DType(), old.Shape()))
+				old.Free()
+			}
 		}
+	}
+	for _, t := range cats {
+		t.Free()
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"math"
 	"os"
@@ -187,8 +188,15 @@ func TestTrainCNNRuns(t *testing.T) {
 }
 
 // TestTrainStepHoldsMemory: after the first steps (Adam's state made),
-// a step leaves the worker holding as much tensor memory as before it.
+// a step leaves the worker holding as much tensor memory as before it,
+// sent op by op and replayed.
 func TestTrainStepHoldsMemory(t *testing.T) {
+	for _, replay := range []bool{false, true} {
+		t.Run(fmt.Sprintf("replay=%v", replay), func(t *testing.T) { testTrainStepHoldsMemory(t, replay) })
+	}
+}
+
+func testTrainStepHoldsMemory(t *testing.T, replay bool) {
 	data, err := mnistData()
 	if err != nil {
 		t.Fatal(err)
@@ -215,6 +223,11 @@ func TestTrainStepHoldsMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.params, r.opt = r.model.Params(), nn.NewAdam(1e-3)
+	if replay {
+		if err := r.useGraphs(c, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if r.ep, err = r.train.Epoch(ctx, datasets.Permutation(1, 0, train.N)); err != nil {
 		t.Fatal(err)
 	}
@@ -222,7 +235,7 @@ func TestTrainStepHoldsMemory(t *testing.T) {
 		t.Helper()
 		for i := range steps {
 			lo := i % 4 * 64
-			if err := trainStep([]*replica{r}, lo, lo+64); err != nil {
+			if err := trainStep(ctx, c, []*replica{r}, lo, lo+64); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -238,6 +251,9 @@ func TestTrainStepHoldsMemory(t *testing.T) {
 	}
 	first := held(2)
 	t.Logf("%v bytes held", first)
+	if st := r.steps[[2]int{64, 64}]; replay && (st == nil || !st.Captured()) {
+		t.Fatal("the step is not replayed")
+	}
 	for range 3 {
 		if got := held(5); got != first {
 			t.Fatalf("the worker holds %v bytes after more steps, %v before", got, first)
@@ -268,7 +284,8 @@ func tensorBytes(t *testing.T, w *worker.Worker, device string) float64 {
 }
 
 // TestTrainIsDeterministic: two runs from one seed, on one device and
-// data-parallel on two, give the same weights bit for bit.
+// data-parallel on two, give the same weights bit for bit, and so does a
+// run that sends its steps op by op instead of replaying them.
 func TestTrainIsDeterministic(t *testing.T) {
 	b := brokertest.Run(t)
 	workertest.Run(t, b, workertest.CPUs(2))
@@ -277,6 +294,11 @@ func TestTrainIsDeterministic(t *testing.T) {
 		second := trainOn(t, b.ClientURL(), smallRun(devs...), nil)
 		if first.WeightsSHA256 != second.WeightsSHA256 {
 			t.Fatalf("%v: weights %s then %s", devs, first.WeightsSHA256, second.WeightsSHA256)
+		}
+		ops := smallRun(devs...)
+		ops.noGraph = true
+		if third := trainOn(t, b.ClientURL(), ops, nil); third.WeightsSHA256 != first.WeightsSHA256 {
+			t.Fatalf("%v: weights %s op by op, %s replayed", devs, third.WeightsSHA256, first.WeightsSHA256)
 		}
 		if first.TestAccuracy < 0.5 {
 			t.Fatalf("%v: test accuracy %.3f: the model did not learn", devs, first.TestAccuracy)
