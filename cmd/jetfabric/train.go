@@ -25,6 +25,7 @@ type trainFlags struct {
 	epochs    int
 	batch     int
 	lr        float64
+	schedule  string
 	seed      uint64
 	limit     int
 	testLimit int
@@ -51,6 +52,7 @@ func (f *trainFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.epochs, "epochs", 3, "passes over the training set")
 	fs.IntVar(&f.batch, "batch", 128, "examples a step (all devices together)")
 	fs.Float64Var(&f.lr, "lr", 1e-3, "Adam's learning rate")
+	fs.StringVar(&f.schedule, "schedule", "cosine", "learning rate over the run: cosine (from -lr down to 0 at the last step) or constant")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the initial weights, the dropout masks and the order of the examples")
 	fs.IntVar(&f.limit, "limit", 0, "train on the first N training examples (0: all 60,000)")
 	fs.IntVar(&f.testLimit, "test-limit", 0, "test on the first N test examples (0: all 10,000)")
@@ -93,6 +95,8 @@ func (f *trainFlags) validate() error {
 		return bad("-batch %d: want at least 1", f.batch)
 	case f.batch < len(f.devices):
 		return bad("-batch %d over %d devices: want at least one example a device", f.batch, len(f.devices))
+	case f.schedule != "" && f.schedule != "cosine" && f.schedule != "constant":
+		return bad("-schedule %q: want cosine or constant", f.schedule)
 	case !(f.lr > 0) || f.lr > 10:
 		return bad("-lr %v: want a positive learning rate", f.lr)
 	case f.limit < 0:

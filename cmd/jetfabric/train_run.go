@@ -29,6 +29,7 @@ type trainReport struct {
 	Epochs        int      `json:"epochs"`
 	Batch         int      `json:"batch"`
 	LR            float64  `json:"lr"`
+	Schedule      string   `json:"schedule"`
 	Seed          uint64   `json:"seed"`
 	TrainExamples int      `json:"train_examples"`
 	TestExamples  int      `json:"test_examples"`
@@ -175,7 +176,7 @@ func trainMNIST(ctx context.Context, c *client.Client, f *trainFlags, train, tes
 
 	n, B := train.N, f.batch
 	perEpoch := (n + B - 1) / B
-	rep := &trainReport{Model: f.model, Devices: f.devices, Epochs: f.epochs, Batch: B, LR: f.lr, Seed: f.seed,
+	rep := &trainReport{Model: f.model, Devices: f.devices, Epochs: f.epochs, Batch: B, LR: f.lr, Schedule: f.schedule, Seed: f.seed,
 		TrainExamples: n, TestExamples: test.N}
 	start := time.Now()
 	lastPrint := start
@@ -228,6 +229,9 @@ func trainMNIST(ctx context.Context, c *client.Client, f *trainFlags, train, tes
 		}
 		for lo := 0; lo < n; lo += B {
 			hi := min(lo+B, n)
+			for _, r := range reps {
+				r.opt.LR = f.learningRate(step, f.epochs*perEpoch)
+			}
 			if err := trainStep(ctx, c, reps, lo, hi); err != nil {
 				return nil, fmt.Errorf("step %d: %w", step+1, err)
 			}
@@ -628,4 +632,15 @@ func evaluate(ctx context.Context, r *replica, n int) (float64, error) {
 	}
 	acc.Free()
 	return float64(v[0]) / float64(n), nil
+}
+
+// learningRate is the learning rate of step (counted from 0) of total:
+// -lr throughout, or with -schedule cosine, half a cosine from -lr at the
+// first step down to 0 after the last, the default (PyTorch's CosineAnnealingLR with
+// T_max the number of steps, stepped every step).
+func (f *trainFlags) learningRate(step, total int) float64 {
+	if f.schedule == "constant" || total <= 0 {
+		return f.lr
+	}
+	return f.lr * 0.5 * (1 + math.Cos(math.Pi*float64(step)/float64(total)))
 }

@@ -44,6 +44,7 @@ func TestTrainFlagsRefused(t *testing.T) {
 		{[]string{"-batch", "1", "-devices", "cpu-0,cpu-1"}, "at least one example a device"},
 		{[]string{"-lr", "0"}, "-lr 0"},
 		{[]string{"-lr", "NaN"}, "-lr NaN"},
+		{[]string{"-schedule", "step"}, `-schedule "step"`},
 		{[]string{"-limit", "-1"}, "-limit -1"},
 		{[]string{"-test-limit", "-5"}, "-test-limit -5"},
 		{[]string{"-hidden", "0"}, "-hidden 0"},
