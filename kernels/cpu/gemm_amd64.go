@@ -137,7 +137,8 @@ func gemmSIMD[T float](p *mm, c, a, b []T, kern gemmKernel[T]) {
 		clear(c)
 		return
 	}
-	if p.m*p.n*p.k <= smallMatmul || p.n == 1 {
+	// Few rows of A would not pay for packing B.
+	if p.m*p.n*p.k <= smallMatmul || p.n == 1 || p.m < kern.mr && p.n%kern.nr != 0 {
 		matmulSimple(p, c, a, b)
 		return
 	}
@@ -170,8 +171,17 @@ func gemmPacked[T float](pv mm, c, a, b []T, kern gemmKernel[T]) {
 	if p.m*p.n*p.k >= gemmParallel {
 		w = runtime.GOMAXPROCS(0)
 	}
-	if sz := p.k * kern.nr * sizeOf[T](); p.batch.n == 1 && sz <= gpb && sz*((p.n+kern.nr-1)/kern.nr) <= gpbShared {
-		gemmShared(p, c, a, b, kern, w)
+	if p.batch.n != 1 {
+		gemmTiles(p, c, a, b, kern, w)
+		return
+	}
+	// B is read in place where its panels are whole and serve one
+	// micro-panel of A's rows, or few and its rows do not start at the same
+	// offset in every page. Else it is packed, whole if it is small enough.
+	ip := (p.m + kern.mr - 1) / kern.mr
+	inplace := p.n%kern.nr == 0 && (ip == 1 || ip <= 12 && p.n*sizeOf[T]()%4096 != 0)
+	if sz := p.k * kern.nr * sizeOf[T](); inplace || sz <= gpb && sz*((p.n+kern.nr-1)/kern.nr) <= gpbShared {
+		gemmShared(p, c, a, b, kern, w, inplace)
 		return
 	}
 	gemmTiles(p, c, a, b, kern, w)
@@ -184,20 +194,18 @@ const gemmParallel = 1 << 20
 const gpbShared = 8 << 20
 
 // gemmShared computes one matrix product whose B, packed whole, takes at
-// most gpbShared bytes, a panel of it at most gpb, on w goroutines: they
-// pack B, taking a part at a time, then C's rows, a few micro-panels by a
+// most gpbShared bytes, a panel of it at most gpb, or that reads B in
+// place (if inplace), on w goroutines: they pack B, taking a part at a
+// time, then C's rows, a few micro-panels by a
 // group of panels at a time, each unit once its part of B is packed. No
 // goroutine waits for one that has not started, so one the scheduler
 // starts late only takes less of the work.
-func gemmShared[T float](p *mm, c, a, b []T, kern gemmKernel[T], w int) {
+func gemmShared[T float](p *mm, c, a, b []T, kern gemmKernel[T], w int, inplace bool) {
 	m, n, k := p.m, p.n, p.k
 	mr, nr := kern.mr, kern.nr
 	nkb := gemmBlocks(k)
 	jp := (n + nr - 1) / nr
 	ip := (m + mr - 1) / mr
-	// B is read in place where its panels are whole and serve few rows of
-	// A, and its rows do not start at the same offset in every page.
-	inplace := n%nr == 0 && ip <= 12 && n*sizeOf[T]()%4096 != 0
 	var pb []T
 	if !inplace {
 		bh := gemmPool.Get().(*[]float64)
