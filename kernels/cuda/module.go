@@ -32,9 +32,8 @@ func (b *Backend) compileOptions() []string {
 	}
 }
 
-// function returns kernel key of this backend, generating and compiling
-// it on first use on the caller's goroutine, then loading it on the
-// device thread. The caller holds mu.
+// function returns kernel key of this backend, generating, compiling and
+// loading it on first use.
 func (b *Backend) function(key string, gen func() (string, error)) (cuFunction, error) {
 	if f, ok := b.fns[key]; ok {
 		return f, nil
@@ -47,16 +46,12 @@ func (b *Backend) function(key string, gen func() (string, error)) (cuFunction, 
 	if err != nil {
 		return nil, err
 	}
-	var f cuFunction
-	err = b.call(func() error {
-		m, err := moduleLoad(img)
-		if err != nil {
-			return err
-		}
-		b.mods = append(b.mods, m)
-		f, err = moduleFunction(m, kernelName)
-		return err
-	})
+	m, err := moduleLoad(img)
+	if err != nil {
+		return nil, err
+	}
+	b.mods = append(b.mods, m)
+	f, err := moduleFunction(m, kernelName)
 	if err != nil {
 		return nil, err
 	}

@@ -62,6 +62,5 @@ func (b *Backend) norm(op *kernels.Op, inM []kernels.Meta, inB []*buffer, out *b
 		a.i64(ws[d])
 		a.i64(bs[d])
 	}
-	b.queueLaunch(f, [3]uint32{uint32(min(rows, 1<<20)), 1, 1}, blockSize, &a)
-	return nil
+	return launch(f, [3]uint32{uint32(min(rows, 1<<20)), 1, 1}, blockSize, b.stream, &a)
 }

@@ -13,20 +13,10 @@ type options struct {
 	tf32     bool
 	cacheDir string
 	noDisk   bool
-	chains   bool
 }
 
 func defaultOptions() options {
 	return options{cacheDir: defaultCacheDir()}
-}
-
-// WithChains sets whether consecutive elementwise ops of one shape are
-// launched as one fused kernel that writes every op's output, once that
-// kernel has been compiled in the background (see the package
-// documentation). Off by default until the training runs on a GPU are
-// shown to give the same bits with it as without.
-func WithChains(on bool) Option {
-	return func(o *options) error { o.chains = on; return nil }
 }
 
 // WithTF32 lets float32 matrix products run on the tensor cores with TF32
