@@ -232,13 +232,27 @@ func gemmShared[T float](p *mm, c, a, b []T, kern gemmKernel[T], w int, inplace 
 	if inplace {
 		packs = 0
 	}
-	packed := make([]atomicInt, cg) // the packed blocks of each group
+	// A group's units wait for its packs: a few yields, then on ready[q],
+	// closed by the goroutine that packs its last part, so that a waiting
+	// goroutine never keeps the core from one packing (with more
+	// goroutines than free cores, they may share one).
+	var packed []atomicInt // the packed blocks of each group
+	var ready []chan struct{}
+	if packs > 0 {
+		packed, ready = make([]atomicInt, cg), make([]chan struct{}, cg)
+		for q := range ready {
+			ready[q] = make(chan struct{})
+		}
+	}
 	var nextPack, nextUnit atomicInt
-	var failed atomic.Bool // a goroutine panicked: do not wait for its packs
+	var failed atomic.Bool       // a goroutine panicked: do not wait for its packs
+	abort := make(chan struct{}) // closed when failed is set
 	work := func(_ int) {
 		defer func() {
 			if r := recover(); r != nil {
-				failed.Store(true)
+				if failed.CompareAndSwap(false, true) {
+					close(abort)
+				}
 				panic(r)
 			}
 		}()
@@ -253,7 +267,9 @@ func gemmShared[T float](p *mm, c, a, b []T, kern gemmKernel[T], w int, inplace 
 			jb0, jb1 := q*cp, min(jp, (q+1)*cp)
 			j0, cols := jb0*nr, min(n, jb1*nr)-jb0*nr
 			packBPanels(pb[pc*jp*nr+jb0*kk*nr:pc*jp*nr+jb1*kk*nr], b, n, j0, cols, pc, kk, nr)
-			packed[q].add()
+			if packed[q].add() == nkb {
+				close(ready[q])
+			}
 		}
 		ah := getF64(0) // handle; resized below
 		defer f64Pool.Put(ah)
@@ -268,8 +284,15 @@ func gemmShared[T float](p *mm, c, a, b []T, kern gemmKernel[T], w int, inplace 
 				return
 			}
 			q, r := t/ru, t%ru
-			for packs > 0 && packed[q].load() < nkb && !failed.Load() {
-				runtime.Gosched()
+			if packs > 0 {
+				for i := 0; i < 64 && packed[q].load() < nkb; i++ {
+					runtime.Gosched()
+				}
+				select {
+				case <-ready[q]:
+				case <-abort:
+					return
+				}
 			}
 			for ib := r * rp; ib < min(ip, (r+1)*rp); ib++ {
 				gemmRows(p, c, a, ib*mr, min(mr, m-ib*mr), q*cp, min(jp, (q+1)*cp), 0, nkb, &g, kern)
