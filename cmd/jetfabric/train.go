@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -25,6 +26,7 @@ type trainFlags struct {
 	epochs    int
 	batch     int
 	lr        float64
+	lrSet     bool // -lr given: otherwise the model's default
 	schedule  string
 	seed      uint64
 	limit     int
@@ -37,6 +39,11 @@ type trainFlags struct {
 	check     int
 	noGraph   bool
 }
+
+// defaultLR is each model's learning rate when -lr is not given: with the
+// cosine schedule, the rates at which 3 epochs reach 98% (mlp) and 99%
+// (cnn) test accuracy.
+var defaultLR = map[string]float64{"mlp": 1e-3, "cnn": 2e-3}
 
 // errFlag marks a flag value that train refuses.
 var errFlag = errors.New("bad flag")
@@ -51,7 +58,14 @@ func (f *trainFlags) register(fs *flag.FlagSet) {
 	})
 	fs.IntVar(&f.epochs, "epochs", 3, "passes over the training set")
 	fs.IntVar(&f.batch, "batch", 128, "examples a step (all devices together)")
-	fs.Float64Var(&f.lr, "lr", 1e-3, "Adam's learning rate")
+	fs.Func("lr", "Adam's peak learning rate (default 0.001 for the mlp, 0.002 for the cnn)", func(v string) error {
+		x, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return errors.New("want a number")
+		}
+		f.lr, f.lrSet = x, true
+		return nil
+	})
 	fs.StringVar(&f.schedule, "schedule", "cosine", "learning rate over the run: cosine (from -lr down to 0 at the last step) or constant")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the initial weights, the dropout masks and the order of the examples")
 	fs.IntVar(&f.limit, "limit", 0, "train on the first N training examples (0: all 60,000)")
@@ -70,10 +84,12 @@ func (f *trainFlags) validate() error {
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{errFlag}, a...)...)
 	}
-	switch f.model {
-	case "mlp", "cnn":
-	default:
+	lr, ok := defaultLR[f.model]
+	if !ok {
 		return bad("-model %q: want mlp or cnn", f.model)
+	}
+	if !f.lrSet && f.lr == 0 {
+		f.lr = lr
 	}
 	if len(f.devices) == 0 {
 		f.devices = []string{f.device}
