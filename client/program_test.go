@@ -387,7 +387,7 @@ func (p *program) step() {
 	}
 }
 
-// TestRandomProgram sends a random program of 1,000 ops over small f32
+// TestRandomProgram sends a random program of 1,000 ops or more over small f32
 // tensors through client, broker and worker, runs the same program on a
 // local CPU backend, and compares every tensor bit for bit.
 func TestRandomProgram(t *testing.T) {
@@ -399,13 +399,19 @@ func TestRandomProgram(t *testing.T) {
 	for range 6 {
 		p.randomF32(smallShape(p.r))
 	}
-	for tries := 0; p.ops < 1000 && tries < 100000; tries++ {
+	// At least 1,000 ops, and on until every op below has been drawn
+	// (a rare seed draws none of one of them in the first 1,000).
+	wanted := append(slices.Clone(kernels.Movement), kernels.OpScatterAdd, kernels.OpOneHot, kernels.OpLayerNorm, kernels.OpRMSNorm)
+	missing := func() bool {
+		return slices.ContainsFunc(wanted, func(name string) bool { return p.kinds[name] == 0 })
+	}
+	for tries := 0; (p.ops < 1000 || missing()) && tries < 100000; tries++ {
 		p.step()
 	}
 	if p.ops < 1000 {
 		t.Fatalf("only %d ops in the program", p.ops)
 	}
-	for _, name := range append(slices.Clone(kernels.Movement), kernels.OpScatterAdd, kernels.OpOneHot, kernels.OpLayerNorm, kernels.OpRMSNorm) {
+	for _, name := range wanted {
 		if p.kinds[name] == 0 {
 			t.Errorf("the program has no %s", name)
 		}
