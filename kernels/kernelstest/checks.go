@@ -157,6 +157,27 @@ func testExecErrors(s *suite) {
 	optimExecErrors(s)
 }
 
+// execCase is an Exec call that must fail.
+type execCase struct {
+	name    string
+	op      kernels.Op
+	in, out []*kernels.Tensor
+}
+
+// expectExecErrors runs each case on the suite's backend and reports any
+// that panics or succeeds.
+func expectExecErrors(s *suite, cases []execCase) {
+	for _, c := range cases {
+		p, err := safeExec(s.b, &c.op, c.in, c.out)
+		switch {
+		case p != nil:
+			s.t.Errorf("%s: Exec(%s) panicked: %v", c.name, opString(&c.op), p)
+		case err == nil:
+			s.t.Errorf("%s: Exec(%s) succeeded, want an error", c.name, opString(&c.op))
+		}
+	}
+}
+
 // safeExec runs Exec, recovering a panic.
 func safeExec(b kernels.Backend, op *kernels.Op, in, out []*kernels.Tensor) (p any, err error) {
 	defer func() { p = recover() }()

@@ -957,11 +957,7 @@ func movementExecErrors(s *suite) {
 		return &kernels.Tensor{Meta: meta(kernels.Int64, shape...), Buf: buf}
 	}
 	ts := func(t ...*kernels.Tensor) []*kernels.Tensor { return t }
-	cases := []struct {
-		name    string
-		op      kernels.Op
-		in, out []*kernels.Tensor
-	}{
+	cases := []execCase{
 		{"concat output shape", kernels.Op{Name: kernels.OpConcat}, ts(f32(2), f32(3)), ts(f32(4))},
 		{"concat no inputs", kernels.Op{Name: kernels.OpConcat}, nil, ts(f32(4))},
 		{"stack output shape", kernels.Op{Name: kernels.OpStack}, ts(f32(2), f32(2)), ts(f32(4))},
@@ -975,13 +971,5 @@ func movementExecErrors(s *suite) {
 		{"eye output shape", kernels.Op{Name: kernels.OpEye, N: 3}, nil, ts(f32(3, 4))},
 		{"one_hot short output", kernels.Op{Name: kernels.OpOneHot, Depth: 100}, ts(i64(3)), ts(f32(3, 100))},
 	}
-	for _, c := range cases {
-		p, err := safeExec(b, &c.op, c.in, c.out)
-		switch {
-		case p != nil:
-			s.t.Errorf("%s: Exec(%s) panicked: %v", c.name, opString(&c.op), p)
-		case err == nil:
-			s.t.Errorf("%s: Exec(%s) succeeded, want an error", c.name, opString(&c.op))
-		}
-	}
+	expectExecErrors(s, cases)
 }

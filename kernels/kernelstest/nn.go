@@ -335,11 +335,7 @@ func nnExecErrors(s *suite) {
 		return &kernels.Tensor{Meta: meta(kernels.Int64, shape...), Buf: buf}
 	}
 	ts := func(t ...*kernels.Tensor) []*kernels.Tensor { return t }
-	cases := []struct {
-		name    string
-		op      kernels.Op
-		in, out []*kernels.Tensor
-	}{
+	cases := []execCase{
 		{"conv2d output shape", kernels.Op{Name: kernels.OpConv2D}, ts(f32(1, 1, 3, 3), f32(1, 1, 2, 2)), ts(f32(1, 1, 3, 3))},
 		{"conv2d short input", kernels.Op{Name: kernels.OpConv2D}, ts(f32(1, 2, 4, 4), f32(1, 2, 2, 2)), ts(f32(1, 1, 3, 3))},
 		{"conv2d one input", kernels.Op{Name: kernels.OpConv2D}, ts(f32(1, 1, 3, 3)), ts(f32(1, 1, 3, 3))},
@@ -354,15 +350,7 @@ func nnExecErrors(s *suite) {
 		{"cross_entropy output shape", kernels.Op{Name: kernels.OpCrossEntropy, Reduce: kernels.ReduceNone}, ts(f32(3, 4), i64(3)), ts(f32(2))},
 		{"cross_entropy_grad dy shape", kernels.Op{Name: kernels.OpCrossEntropyGrad}, ts(f32(3, 4), i64(3), f32(3)), ts(f32(3, 4))},
 	}
-	for _, c := range cases {
-		p, err := safeExec(b, &c.op, c.in, c.out)
-		switch {
-		case p != nil:
-			s.t.Errorf("%s: Exec(%s) panicked: %v", c.name, opString(&c.op), p)
-		case err == nil:
-			s.t.Errorf("%s: Exec(%s) succeeded, want an error", c.name, opString(&c.op))
-		}
-	}
+	expectExecErrors(s, cases)
 }
 
 // randomConv draws a small convolution: 1 or 2 groups, strides,

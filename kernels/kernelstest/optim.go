@@ -245,11 +245,7 @@ func optimExecErrors(s *suite) {
 	sgd := kernels.Op{Name: kernels.OpSGDStep, LR: 0.1, Momentum: 0.9}
 	noT := adam
 	noT.T = 0
-	cases := []struct {
-		name    string
-		op      kernels.Op
-		in, out []*kernels.Tensor
-	}{
+	cases := []execCase{
 		{"adam_step two outputs", adam, ts(f(3), f(3), f(3), f(3)), ts(f(3), f(3))},
 		{"adam_step output shape", adam, ts(f(3), f(3), f(3), f(3)), ts(f(3), f(2), f(3))},
 		{"adam_step output dtype", adam, ts(f(3), f(3), f(3), f(3)), ts(f(3), f(3), t(kernels.Float64, 3))},
@@ -258,13 +254,5 @@ func optimExecErrors(s *suite) {
 		{"sgd_step no buffer output", sgd, ts(f(3), f(3), f(3)), ts(f(3))},
 		{"sgd_step integer", sgd, ts(t(kernels.Int32, 3), t(kernels.Int32, 3)), ts(t(kernels.Int32, 3), t(kernels.Int32, 3))},
 	}
-	for _, c := range cases {
-		p, err := safeExec(b, &c.op, c.in, c.out)
-		switch {
-		case p != nil:
-			s.t.Errorf("%s: Exec(%s) panicked: %v", c.name, opString(&c.op), p)
-		case err == nil:
-			s.t.Errorf("%s: Exec(%s) succeeded, want an error", c.name, opString(&c.op))
-		}
-	}
+	expectExecErrors(s, cases)
 }
