@@ -20,6 +20,7 @@ import (
 	"github.com/jetfabric/jetfabric/broker/brokertest"
 	"github.com/jetfabric/jetfabric/client"
 	"github.com/jetfabric/jetfabric/codec"
+	"github.com/jetfabric/jetfabric/internal/poll"
 	"github.com/jetfabric/jetfabric/objectstore"
 	"github.com/jetfabric/jetfabric/subjects"
 	"github.com/jetfabric/jetfabric/worker"
@@ -429,22 +430,8 @@ func TestSessionLiveness(t *testing.T) {
 	}
 }
 
-// checkFor polls fn every step until it returns nil, failing the test
-// with its last error after total.
-func checkFor(t testing.TB, total, step time.Duration, fn func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := fn()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %v", total, err)
-		}
-		time.Sleep(step)
-	}
-}
+// checkFor polls fn every step until it returns nil or total passes.
+var checkFor = poll.Until
 
 // TestNoWorkerFailsTheCall: a read on a device that no worker serves any
 // more (its worker stopped, no standby) fails with ErrNoDevice after the

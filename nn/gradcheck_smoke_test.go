@@ -9,6 +9,7 @@ import (
 
 	"github.com/jetfabric/jetfabric/broker/brokertest"
 	"github.com/jetfabric/jetfabric/client"
+	"github.com/jetfabric/jetfabric/internal/poll"
 	"github.com/jetfabric/jetfabric/kernels"
 	"github.com/jetfabric/jetfabric/nn"
 	"github.com/jetfabric/jetfabric/worker"
@@ -61,20 +62,7 @@ func TestBackwardSquare(t *testing.T) {
 }
 
 // checkFor polls fn every step until it returns nil or total passes.
-func checkFor(t testing.TB, total, step time.Duration, fn func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := fn()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %v", total, err)
-		}
-		time.Sleep(step)
-	}
-}
+var checkFor = poll.Until
 
 // expectBytes waits until the worker's tensor memory on cpu-0 is want
 // bytes (it counts a frame's frees when the frame ends, which may be

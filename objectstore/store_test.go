@@ -18,6 +18,7 @@ import (
 
 	"github.com/jetfabric/jetfabric/broker"
 	"github.com/jetfabric/jetfabric/broker/brokertest"
+	"github.com/jetfabric/jetfabric/internal/poll"
 	"github.com/jetfabric/jetfabric/objectstore"
 	"github.com/jetfabric/jetfabric/subjects"
 )
@@ -102,21 +103,8 @@ func hexSum(b []byte) string {
 	return hex.EncodeToString(s[:])
 }
 
-// checkFor polls fn until it returns nil or total passes.
-func checkFor(t testing.TB, total, step time.Duration, fn func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := fn()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-		time.Sleep(step)
-	}
-}
+// checkFor polls fn every step until it returns nil or total passes.
+var checkFor = poll.Until
 
 func TestRoundTrip(t *testing.T) {
 	e := newEnv(t)

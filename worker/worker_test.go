@@ -16,6 +16,7 @@ import (
 	"github.com/jetfabric/jetfabric/broker"
 	"github.com/jetfabric/jetfabric/broker/brokertest"
 	"github.com/jetfabric/jetfabric/codec"
+	"github.com/jetfabric/jetfabric/internal/poll"
 	"github.com/jetfabric/jetfabric/kernels/cpu"
 	"github.com/jetfabric/jetfabric/subjects"
 	"github.com/jetfabric/jetfabric/worker"
@@ -338,20 +339,7 @@ func TestBadConfig(t *testing.T) {
 }
 
 // checkFor polls fn every step until it returns nil or total passes.
-func checkFor(t testing.TB, total, step time.Duration, fn func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := fn()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %v", total, err)
-		}
-		time.Sleep(step)
-	}
-}
+var checkFor = poll.Until
 
 // TestConsumerLostIsReopened: the device's consumer disappears (its
 // server died with it) and the ordered consumer cannot re-create itself

@@ -25,6 +25,7 @@ import (
 	"github.com/jetfabric/jetfabric/client"
 	"github.com/jetfabric/jetfabric/datasets"
 	"github.com/jetfabric/jetfabric/datasets/mnist"
+	"github.com/jetfabric/jetfabric/internal/poll"
 	"github.com/jetfabric/jetfabric/nn"
 	"github.com/jetfabric/jetfabric/worker"
 	"github.com/jetfabric/jetfabric/worker/workertest"
@@ -417,19 +418,5 @@ func TestTrainDataErrors(t *testing.T) {
 	}
 }
 
-// checkFor calls fn every step until it returns nil, failing the test with
-// fn's last error after total.
-func checkFor(t testing.TB, total, step time.Duration, fn func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := fn()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %v", total, err)
-		}
-		time.Sleep(step)
-	}
-}
+// checkFor polls fn every step until it returns nil or total passes.
+var checkFor = poll.Until
