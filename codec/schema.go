@@ -212,7 +212,41 @@ const (
 	CodeUnknownGraph = "unknown_graph"
 	// CodeInvalidGraph: a stored graph definition fails validation.
 	CodeInvalidGraph = "invalid_graph"
+	// CodeNoDevice: no worker serves the frame's device (it was not
+	// served for the fabric's grace period); the frame was removed from
+	// the stream unrun.
+	CodeNoDevice = "no_device"
+	// CodeInvalidSubject: the frame's subject is not a valid op subject
+	// (a device or session token with a forbidden character); the frame
+	// was removed from the stream unrun.
+	CodeInvalidSubject = "invalid_subject"
+	// CodeFrameLost: a frame of the session numbered before this one
+	// never reached the stream; the session went on without it.
+	CodeFrameLost = "frame_lost"
+	// CodePermission: a tenant's frame asked for something outside the
+	// tenant's namespace (a Fabric-Reply outside its inbox, an op the
+	// tenant may not use); nothing was published elsewhere.
+	CodePermission = "permission"
+	// CodeQuota: a tenant's quota (sessions, bytes held, frames per
+	// second) would be passed; the message names the quota and its value.
+	CodeQuota = "quota"
 )
+
+// Tenant is a tenant's record, the JSON value of key tenant.<name> in the
+// control bucket: the quotas workers enforce. A zero quota is no limit.
+type Tenant struct {
+	Name string `json:"name"`
+	// Sessions bounds the tenant's live sessions on one worker.
+	Sessions int `json:"sessions,omitempty"`
+	// Bytes bounds the tensor bytes the tenant's sessions hold on one
+	// worker; it is also the size of the tenant's object bucket.
+	Bytes int64 `json:"bytes,omitempty"`
+	// FPS bounds the frames per second of all the tenant's sessions on
+	// one worker (a burst of one second's worth is allowed).
+	FPS float64 `json:"fps,omitempty"`
+	// Expires is when the tenant's credentials expire (zero: never).
+	Expires time.Time `json:"expires,omitzero"`
+}
 
 // Error is an op's failure. Seq and Index identify the op; Op names it.
 type Error struct {
@@ -257,6 +291,12 @@ type Device struct {
 	// Budget the most it may hold (0: no budget).
 	Bytes  int64 `cbor:"bytes,omitempty" json:"bytes,omitempty"`
 	Budget int64 `cbor:"budget,omitempty" json:"budget,omitempty"`
+	// LastFrame is when the device last ran a frame (zero: none since
+	// its worker took it). Stalled is set while frames wait in the stream
+	// (Lag > 0) and none was delivered for a few seconds: the worker is
+	// re-creating the device's consumer, or its cluster cannot serve it.
+	LastFrame time.Time `cbor:"last_frame,omitempty" json:"last_frame,omitzero"`
+	Stalled   bool      `cbor:"stalled,omitempty" json:"stalled,omitempty"`
 }
 
 // Telemetry is a GPU's state as its worker samples it (NVML), published as

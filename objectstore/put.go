@@ -301,7 +301,12 @@ func (s *Store) putObject(ctx context.Context, name string, data []byte, meta ma
 		return nil, err
 	}
 	w.waitPrev(ctx)
-	w.dropOld(ctx)
+	// An object named by its content keeps the chunks of a previous meta
+	// of the same content: that meta was stored after this write last
+	// looked (its answer came late), and readers may be copying them. The
+	// bucket's TTL removes them.
+	keepPrev := pc.nameOf != nil && w.samePrev(sum, len(data))
+	w.dropOld(ctx, keepPrev)
 	return oi, nil
 }
 
@@ -639,17 +644,17 @@ func (w *writer) waitPrev(ctx context.Context) {
 	}
 }
 
-// dropOld purges what the new object replaced: the previous object's
+// dropOld purges what the new object replaced (unless keepPrev): the previous object's
 // chunks (or parts) and any subject abandoned after a timeout. Failures
 // only leave garbage that the bucket's TTL removes.
-func (w *writer) dropOld(ctx context.Context) {
+func (w *writer) dropOld(ctx context.Context, keepPrev bool) {
 	ctx, cancel := w.s.cleanupContext(ctx)
 	defer cancel()
 	for _, nuid := range w.abandoned {
 		w.purgeQuietly(ctx, nuid)
 	}
 	p := w.prev
-	if p == nil || p.Deleted || p.NUID == "" || p.NUID == w.nuid {
+	if keepPrev || p == nil || p.Deleted || p.NUID == "" || p.NUID == w.nuid {
 		return
 	}
 	if _, ok := partsOf(p); ok {

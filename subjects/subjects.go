@@ -32,10 +32,12 @@ const (
 	// HeaderVersion carries the protocol version of a frame (optional;
 	// the frame body carries it too).
 	HeaderVersion = "Fabric-Version"
-	// HeaderFrame numbers a session's frames from 1 (optional; the worker
-	// ignores it). A client that publishes a frame without asking for the
-	// stream's acknowledgement finds out whether the stream stored it by
-	// reading the number on the last frame stored on the session's subject.
+	// HeaderFrame numbers a session's frames 1, 2, 3... (optional). The
+	// worker runs a session's numbered frames in the order of their
+	// numbers, each number once, whatever order the stream stored them in
+	// (a frame published again after a leader change lands after later
+	// ones). Clients also send the frame's Nats-Msg-Id, so that the stream
+	// stores a frame published again once.
 	HeaderFrame = "Fabric-Frame"
 )
 
@@ -60,6 +62,7 @@ var (
 type Names struct {
 	prefix string // e.g. "fabric"
 	upper  string // e.g. "FABRIC"
+	tenant string // "" for the single-user layout (see ForTenant)
 }
 
 // Default returns the names for DefaultPrefix.
@@ -88,21 +91,45 @@ func (n Names) OpsStream() string { return n.upper + "_OPS" }
 func (n Names) CtrlBucket() string { return n.upper + "_CTRL" }
 
 // XferBucket is the object bucket holding transfers, large uploads and
-// large results: FABRIC_XFER.
-func (n Names) XferBucket() string { return n.upper + "_XFER" }
+// large results: FABRIC_XFER; for a tenant's names, the tenant's own
+// bucket of uploads and large results, FABRIC_XFER_<tenant>.
+func (n Names) XferBucket() string {
+	if n.tenant != "" {
+		return n.upper + "_XFER_" + n.tenant
+	}
+	return n.upper + "_XFER"
+}
 
 // Ops is the subject a client publishes a session's frames to:
-// fabric.ops.<device>.<session>. Both tokens must be valid (see ValidateToken).
+// fabric.ops.<device>.<session>, or fabric.t.<tenant>.ops.<device>.<session>
+// for a tenant's names. Both tokens must be valid (see ValidateToken).
 func (n Names) Ops(device, session string) string {
-	return n.prefix + ".ops." + device + "." + session
+	return n.space() + "ops." + device + "." + session
+}
+
+// space is what the subjects a client publishes start with: "fabric." or
+// "fabric.t.<tenant>.".
+func (n Names) space() string {
+	if n.tenant != "" {
+		return n.prefix + ".t." + n.tenant + "."
+	}
+	return n.prefix + "."
 }
 
 // OpsDevice is the filter matching every session of one device:
 // fabric.ops.<device>.*.
 func (n Names) OpsDevice(device string) string { return n.prefix + ".ops." + device + ".*" }
 
-// OpsAll is the filter captured by the ops stream: fabric.ops.>.
+// OpsAll matches every subject under the op prefix, well-shaped or not:
+// fabric.ops.>. The ops stream captures only OpsShapes.
 func (n Names) OpsAll() string { return n.prefix + ".ops.>" }
+
+// OpsShapes are the subjects the ops stream captures: op subjects of the
+// right shape only, fabric.ops.<device>.<session>, so a frame with a token
+// too many or too few is never stored (a JetStream publish of it finds no
+// stream). Tokens with characters the fabric forbids still match; the
+// broker's sweeper answers and removes those frames (package sweep).
+func (n Names) OpsShapes() []string { return []string{n.prefix + ".ops.*.*"} }
 
 // ParseOps splits an op subject into its device and session tokens.
 func (n Names) ParseOps(subject string) (device, session string, err error) {
@@ -134,7 +161,7 @@ func (n Names) TelemetryAll() string { return n.prefix + ".telemetry.*" }
 // over core NATS (never stored): fabric.alive.<device>.<session>. The
 // worker keeps a session whose client beats from being freed as idle.
 func (n Names) Alive(device, session string) string {
-	return n.prefix + ".alive." + device + "." + session
+	return n.space() + "alive." + device + "." + session
 }
 
 // AliveDevice matches the heartbeats of a device's sessions.
@@ -156,9 +183,15 @@ func (n Names) ServiceInfo(device string) string { return n.ServiceDevice(device
 // fabric.svc.<device>.health.
 func (n Names) ServiceHealth(device string) string { return n.ServiceDevice(device) + ".health" }
 
-// InboxPrefix is the prefix of client reply inboxes: _INBOX_fabric.
-// Deployments with permissions grant clients subscribe rights on it.
-func (n Names) InboxPrefix() string { return "_INBOX_" + n.prefix }
+// InboxPrefix is the prefix of client reply inboxes: _INBOX_fabric, or
+// _INBOX_fabric.t.<tenant> for a tenant's names. Deployments with
+// permissions grant clients subscribe rights on it.
+func (n Names) InboxPrefix() string {
+	if n.tenant != "" {
+		return "_INBOX_" + n.prefix + ".t." + n.tenant
+	}
+	return "_INBOX_" + n.prefix
+}
 
 // DeviceKey is the FABRIC_CTRL key of a device's registry entry: device.<device>.
 func DeviceKey(device string) string { return "device." + device }
@@ -249,7 +282,7 @@ func (n Names) JobsStream() string { return n.upper + "_JOBS" }
 
 // Jobs is the subject jobs for devices of kind are published to:
 // fabric.jobs.<kind>.
-func (n Names) Jobs(kind string) string { return n.prefix + ".jobs." + kind }
+func (n Names) Jobs(kind string) string { return n.space() + "jobs." + kind }
 
 // JobsAll is the filter captured by the jobs stream: fabric.jobs.*.
 func (n Names) JobsAll() string { return n.prefix + ".jobs.*" }
