@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetfabric/jetfabric/subjects"
+	"github.com/jetfabric/jetfabric/tenant"
 )
 
 // Broker is an embedded nats-server with JetStream and the fabric's streams.
@@ -19,9 +20,35 @@ type Broker struct {
 	cfg   Config
 	names subjects.Names
 	srv   *server.Server
+	// tls: the client listener requires TLS (from Config.TLS or the
+	// configuration file), so the broker's own connections go in process.
+	tls bool
+	// auth is the auth directory (nil without one); viol counts the
+	// refusals the server logs (with one).
+	auth *tenant.Dir
+	viol *violations
 
 	mu       sync.Mutex
 	shutdown bool
+	stops    []func() // see Attach
+	// registryConn answers the tenants' registry requests (auth only).
+	registryConn *nats.Conn
+}
+
+// Attach registers stop, the end of a service running beside the broker
+// on a connection to it (the sweeper of unrunnable frames, say): Shutdown
+// calls it, latest attached first, before it stops the server.
+func (b *Broker) Attach(stop func()) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.stops = append(b.stops, stop)
+}
+
+// MetaLeader reports whether this node leads JetStream's meta group (a
+// single node always does): services that must run once in a cluster
+// run where it is true.
+func (b *Broker) MetaLeader() bool {
+	return !b.srv.JetStreamIsClustered() || b.srv.JetStreamIsLeader()
 }
 
 // New checks cfg and builds the server; Start runs it.
@@ -34,6 +61,16 @@ func New(cfg Config) (*Broker, error) {
 	if err != nil {
 		return nil, err
 	}
+	var auth *tenant.Dir
+	if cfg.AuthDir != "" {
+		if auth, err = tenant.Load(cfg.AuthDir); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+		}
+		if err := operatorMode(opts, auth); err != nil {
+			return nil, err
+		}
+		cfg.Provision.Tenants = true
+	}
 	srv, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("broker: %w", err)
@@ -41,7 +78,12 @@ func New(cfg Config) (*Broker, error) {
 	if cfg.Logs {
 		srv.ConfigureLogger()
 	}
-	return &Broker{cfg: cfg, names: names, srv: srv}, nil
+	b := &Broker{cfg: cfg, names: names, srv: srv, tls: opts.TLSConfig != nil, auth: auth}
+	if auth != nil {
+		b.viol = &violations{inner: srv.Logger()}
+		srv.SetLogger(b.viol, false, false)
+	}
+	return b, nil
 }
 
 func serverOptions(cfg Config) (*server.Options, error) {
@@ -70,6 +112,20 @@ func serverOptions(cfg Config) (*server.Options, error) {
 	opts.StreamMaxBufferedMsgs = 1 << 20
 	opts.NoSigs = true
 	opts.NoLog = !cfg.Logs
+	if cfg.TLS.Enabled() {
+		tc, err := cfg.TLS.serverTLS("client", false)
+		if err != nil {
+			return nil, err
+		}
+		opts.TLSConfig, opts.TLSVerify, opts.TLSTimeout = tc, cfg.TLS.Verify, tlsTimeout
+	}
+	// A cluster node shuts down in lame duck mode: it hands the leadership
+	// of its streams, consumers and JetStream's meta group to the other
+	// nodes first (elections that would otherwise wait for the raft's
+	// election timeout, 4 to 9 s), then closes its clients over a few
+	// seconds, which reconnect to the others.
+	opts.LameDuckDuration = 3 * time.Second
+	opts.LameDuckGracePeriod = time.Second
 	for _, u := range cfg.Users {
 		opts.Users = append(opts.Users, &server.User{Username: u.Name, Password: u.Password})
 	}
@@ -81,6 +137,13 @@ func serverOptions(cfg Config) (*server.Options, error) {
 				return nil, fmt.Errorf("%w: route %q: %v", ErrInvalidConfig, r, err)
 			}
 			opts.Routes = append(opts.Routes, u)
+		}
+		if c.TLS.Enabled() {
+			tc, err := c.TLS.serverTLS("route", true)
+			if err != nil {
+				return nil, err
+			}
+			opts.Cluster.TLSConfig, opts.Cluster.TLSTimeout = tc, tlsTimeout
 		}
 	}
 	return opts, nil
@@ -121,8 +184,14 @@ func (b *Broker) Start(ctx context.Context) error {
 	for {
 		pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
 		last = ProvisionStreams(pctx, js, b.names, p)
+		if last == nil {
+			last = b.provisionTenants(pctx, js, p)
+		}
 		pcancel()
 		if last == nil {
+			if b.auth != nil {
+				return b.serveRegistry()
+			}
 			return nil
 		}
 		select {
@@ -153,15 +222,19 @@ func (b *Broker) Ready(ctx context.Context) error {
 }
 
 // Connect opens a connection to this broker as a fabric service: in process
-// when there is no listener, otherwise over its client URL, with the first
-// configured user's credentials.
+// when there is no listener or the listener requires TLS (the broker holds
+// no client certificate of its own), otherwise over its client URL; with the
+// first configured user's credentials.
 func (b *Broker) Connect(opts ...nats.Option) (*nats.Conn, error) {
 	opts = append([]nats.Option{nats.Name("jetfabric-broker")}, opts...)
 	if len(b.cfg.Users) > 0 {
 		opts = append(opts, nats.UserInfo(b.cfg.Users[0].Name, b.cfg.Users[0].Password))
 	}
+	if b.auth != nil {
+		opts = append(opts, ServiceUser(b.auth))
+	}
 	url := ""
-	if b.cfg.InProcess {
+	if b.cfg.InProcess || b.tls {
 		opts = append(opts, nats.InProcessServer(b.srv))
 	} else {
 		url = b.srv.ClientURL()
@@ -173,7 +246,26 @@ func (b *Broker) Connect(opts ...nats.Option) (*nats.Conn, error) {
 	return nc, nil
 }
 
-// ClientURL is the nats:// URL clients connect to (empty when in-process only).
+// provisionTenants provisions every tenant of the auth directory.
+func (b *Broker) provisionTenants(ctx context.Context, js jetstream.JetStream, p Provision) error {
+	for _, t := range b.Tenants() {
+		if err := ProvisionTenant(ctx, js, b.names, p, t, b.auth.Signed[t.Name]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ServiceUser is the nats.Option that authenticates as the service user
+// of an auth directory.
+func ServiceUser(d *tenant.Dir) nats.Option {
+	tok, seed := d.ServiceJWT, d.ServiceSeed
+	return nats.UserJWTAndSeed(tok, string(seed))
+}
+
+// ClientURL is the URL clients connect to: nats://host:port, or
+// tls://host:port when the listener requires TLS (empty when in-process
+// only).
 func (b *Broker) ClientURL() string {
 	if b.cfg.InProcess {
 		return ""
@@ -204,9 +296,21 @@ func (b *Broker) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	b.shutdown = true
+	stops := b.stops
+	b.stops = nil
+	rc := b.registryConn
 	b.mu.Unlock()
+	if rc != nil {
+		rc.Close()
+	}
 	done := make(chan struct{})
 	go func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+		if b.cfg.Cluster.Name != "" && b.srv.ReadyForConnections(0) {
+			b.srv.LameDuckShutdown()
+		}
 		b.srv.Shutdown()
 		b.srv.WaitForShutdown()
 		close(done)

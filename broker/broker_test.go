@@ -37,7 +37,7 @@ func TestStartProvisionsEverything(t *testing.T) {
 	if cfg.Discard != jetstream.DiscardNew || cfg.Retention != jetstream.LimitsPolicy || cfg.MaxMsgSize != 8<<20 {
 		t.Errorf("ops stream config: discard %v retention %v max msg %d", cfg.Discard, cfg.Retention, cfg.MaxMsgSize)
 	}
-	if len(cfg.Subjects) != 1 || cfg.Subjects[0] != "fabric.ops.>" {
+	if len(cfg.Subjects) != 1 || cfg.Subjects[0] != "fabric.ops.*.*" {
 		t.Errorf("ops stream subjects %v", cfg.Subjects)
 	}
 	if _, err := js.KeyValue(ctx, "FABRIC_CTRL"); err != nil {

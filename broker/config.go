@@ -28,7 +28,33 @@ type ClusterConfig struct {
 	Host   string
 	Port   int
 	Routes []string // nats://host:port of every node
+	// TLS, when its CertFile is set, puts the routes under mutual TLS:
+	// every node presents CertFile (a certificate for server and client
+	// authentication, valid for the host names in Routes) and accepts
+	// only peers whose certificates CAFile's authorities signed. CAFile
+	// is required; Verify is implied.
+	TLS TLSConfig
 }
+
+// TLSConfig is what a TLS listener presents and what it asks of the other
+// side.
+type TLSConfig struct {
+	// CertFile and KeyFile are the listener's PEM certificate (with any
+	// intermediate certificates after it) and private key. A CertFile
+	// turns TLS on; KeyFile is then required.
+	CertFile string
+	KeyFile  string
+	// CAFile holds the PEM certificates of the authorities trusted to
+	// sign the other side's certificate: clients' with Verify, peers' on
+	// routes.
+	CAFile string
+	// Verify requires every client to present a certificate that one of
+	// CAFile's authorities signed (mutual TLS).
+	Verify bool
+}
+
+// Enabled says whether t turns TLS on.
+func (t TLSConfig) Enabled() bool { return t.CertFile != "" }
 
 // Config is a broker's assembled configuration. Start from DefaultConfig.
 type Config struct {
@@ -52,6 +78,19 @@ type Config struct {
 	MaxPayload int32
 	// Users, when set, require clients to authenticate.
 	Users []User
+	// TLS, when its CertFile is set, requires TLS of every client
+	// connection on the client listener: the server's INFO says
+	// tls_required and it closes connections that do not start the
+	// handshake. In-process connections (Connect) are not affected.
+	TLS TLSConfig
+	// AuthDir, when set, is an auth directory made by `jetfabric tenant
+	// init` (see package tenant): the broker runs in operator mode, trusting
+	// its operator, with its accounts in a memory resolver; every client
+	// authenticates with a creds file of the fabric's account (the service
+	// user, or a tenant), the ops and jobs streams capture the
+	// tenants' frames and jobs too, and each tenant of the directory gets its object bucket
+	// and its record. Not with Users.
+	AuthDir string
 	// ConfigFile is an optional nats-server configuration file read first;
 	// the fields above then override it.
 	ConfigFile string
@@ -82,6 +121,10 @@ type Provision struct {
 	XferTTL time.Duration
 	// XferMaxBytes bounds the transfer bucket.
 	XferMaxBytes int64
+	// Tenants makes the ops and jobs streams capture the tenants' frames
+	// and jobs (fabric.t.*.ops.*.*, fabric.t.*.jobs.*) beside the
+	// single-user ones. Set by the broker when it has an auth directory.
+	Tenants bool
 	// XferStorage is where the transfer bucket keeps its objects: file
 	// (the default) survives a broker restart; memory moves large tensors
 	// faster (no file writes) but loses the objects not yet read, and the
@@ -138,8 +181,23 @@ func (c Config) Validate() error {
 	case c.Cluster.Name != "" && c.Name == "":
 		return bad("a cluster node needs a server name")
 	}
+	if err := c.TLS.validate("client", false); err != nil {
+		return err
+	}
+	if c.TLS.Enabled() && c.InProcess {
+		return bad("TLS needs the client listener, which an in-process broker does not have")
+	}
+	if err := c.Cluster.TLS.validate("route", true); err != nil {
+		return err
+	}
+	if c.Cluster.TLS.Enabled() && c.Cluster.Name == "" {
+		return bad("route TLS without a cluster name")
+	}
 	if _, err := subjects.New(c.Prefix); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+	}
+	if c.AuthDir != "" && len(c.Users) > 0 {
+		return bad("an auth directory and users are exclusive (tenants and the service user come from the directory)")
 	}
 	for i, u := range c.Users {
 		if u.Name == "" || u.Password == "" {
@@ -147,6 +205,25 @@ func (c Config) Validate() error {
 		}
 	}
 	return c.Provision.validate(c.MaxPayload)
+}
+
+// validate checks that t's fields go together; the files themselves are
+// read by New.
+func (t TLSConfig) validate(what string, needCA bool) error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: %s TLS: %s", ErrInvalidConfig, what, fmt.Sprintf(format, a...))
+	}
+	switch {
+	case t.CertFile == "" && (t.KeyFile != "" || t.CAFile != "" || t.Verify):
+		return bad("a key, CA or verify without a certificate file (the certificate turns TLS on)")
+	case t.CertFile != "" && t.KeyFile == "":
+		return bad("certificate %s without its key file", t.CertFile)
+	case t.Verify && t.CAFile == "":
+		return bad("verifying client certificates needs the CA file of the authority that signs them")
+	case needCA && t.CertFile != "" && t.CAFile == "":
+		return bad("routes verify their peers: a CA file is required")
+	}
+	return nil
 }
 
 func (p Provision) validate(maxPayload int32) error {

@@ -7,6 +7,11 @@
 // returns once JetStream itself answers (not merely once the listener is
 // up) and every stream and bucket exists; Shutdown is idempotent.
 //
+// Config.TLS requires TLS of every client on the client listener (and,
+// with Verify, a client certificate); ClusterConfig.TLS puts the routes
+// between nodes under mutual TLS. The broker's own connections (Connect)
+// then go in process.
+//
 //	cfg := broker.DefaultConfig()
 //	cfg.StoreDir = "/var/lib/jetfabric"
 //	b, err := broker.New(cfg)
@@ -14,4 +19,11 @@
 //	if err := b.Start(ctx); err != nil { ... }
 //	defer b.Shutdown(context.Background())
 //	nc, err := nats.Connect(b.ClientURL())
+//
+// With Config.AuthDir (made by `jetfabric tenant init`, see package tenant)
+// the server runs in operator mode: clients authenticate with creds files,
+// tenants stay in their namespaces by subject permissions, each tenant
+// gets its object bucket and signed record, the broker answers the
+// tenants' registry requests, and the permission violations the server
+// reports are counted (Violations, WriteMetrics).
 package broker

@@ -53,6 +53,14 @@ func (b *Broker) WriteMetrics(out io.Writer) error {
 		p.Family(m.name, m.typ, m.help)
 		p.Sample(m.name, srv, m.v)
 	}
+	if b.auth != nil {
+		vi := b.Violations()
+		p.Family("jetfabric_broker_permission_violations_total", "counter", "Publishes and subscriptions the server refused for the client's permissions (a tenant outside its namespace), as the server reports them.")
+		p.Sample("jetfabric_broker_permission_violations_total", prom.Labels("server", v.Name, "kind", "publish"), float64(vi.Publish))
+		p.Sample("jetfabric_broker_permission_violations_total", prom.Labels("server", v.Name, "kind", "subscribe"), float64(vi.Subscribe))
+		p.Family("jetfabric_broker_auth_failures_total", "counter", "Connections refused for their credentials (unknown signer, expired, malformed).")
+		p.Sample("jetfabric_broker_auth_failures_total", srv, float64(vi.Authentication))
+	}
 	var streams []server.StreamDetail
 	for _, a := range js.AccountDetails {
 		streams = append(streams, a.Streams...)

@@ -18,10 +18,15 @@ func ProvisionStreams(ctx context.Context, js jetstream.JetStream, names subject
 	if err := p.validate(p.OpsMaxMsgSize); err != nil {
 		return err
 	}
+	opsSubjects, jobsSubjects := names.OpsShapes(), []string{names.JobsAll()}
+	if p.Tenants {
+		opsSubjects = append(opsSubjects, names.TenantOpsAll())
+		jobsSubjects = append(jobsSubjects, names.TenantJobsAll())
+	}
 	_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        names.OpsStream(),
 		Description: "jetfabric op frames, one subject per device and session; the execution log",
-		Subjects:    []string{names.OpsAll()},
+		Subjects:    opsSubjects,
 		Retention:   jetstream.LimitsPolicy,
 		Storage:     jetstream.FileStorage,
 		Discard:     jetstream.DiscardNew,
@@ -38,7 +43,7 @@ func ProvisionStreams(ctx context.Context, js jetstream.JetStream, names subject
 	_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        names.JobsStream(),
 		Description: "jetfabric jobs: stateless op programs, each taken by one worker of its device kind",
-		Subjects:    []string{names.JobsAll()},
+		Subjects:    jobsSubjects,
 		Retention:   jetstream.WorkQueuePolicy,
 		Storage:     jetstream.FileStorage,
 		Discard:     jetstream.DiscardNew,

@@ -1,0 +1,225 @@
+package broker
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetfabric/jetfabric/codec"
+	"github.com/jetfabric/jetfabric/subjects"
+	"github.com/jetfabric/jetfabric/tenant"
+)
+
+// operatorMode configures opts from the auth directory: the operator
+// trusted, the fabric's and the system account preloaded in a memory
+// resolver. Every user then authenticates with a JWT signed by the
+// fabric's account: the service user, or a tenant.
+func operatorMode(opts *server.Options, d *tenant.Dir) error {
+	res := &server.MemAccResolver{}
+	for pub, tok := range d.Accounts {
+		if err := res.Store(pub, tok); err != nil {
+			return fmt.Errorf("%w: account %s: %v", ErrInvalidConfig, pub, err)
+		}
+	}
+	opts.TrustedOperators = append(opts.TrustedOperators, d.Operator)
+	opts.AccountResolver = res
+	opts.SystemAccount = d.System
+	return nil
+}
+
+// violations counts what the server reports of refused clients: its log
+// lines for publish and subscribe permission violations and for failed
+// authentications, the only place nats-server reports them one by one.
+type violations struct {
+	inner            server.Logger // the server's own logger, or nil
+	pub, sub, authen atomic.Uint64
+}
+
+func (v *violations) Noticef(format string, a ...any) {
+	if v.inner != nil {
+		v.inner.Noticef(format, a...)
+	}
+}
+func (v *violations) Warnf(format string, a ...any) {
+	if v.inner != nil {
+		v.inner.Warnf(format, a...)
+	}
+}
+func (v *violations) Fatalf(format string, a ...any) {
+	if v.inner != nil {
+		v.inner.Fatalf(format, a...)
+	}
+}
+func (v *violations) Debugf(format string, a ...any) {
+	if v.inner != nil {
+		v.inner.Debugf(format, a...)
+	}
+}
+func (v *violations) Tracef(format string, a ...any) {
+	if v.inner != nil {
+		v.inner.Tracef(format, a...)
+	}
+}
+
+// Errorf counts the violations: the server's client logger prefixes
+// "cid:N - " and the message begins "Publish Violation", "Subscription
+// Violation" or "authentication error".
+func (v *violations) Errorf(format string, a ...any) {
+	msg := fmt.Sprintf(format, a...)
+	switch {
+	case strings.Contains(msg, "Publish Violation"):
+		v.pub.Add(1)
+	case strings.Contains(msg, "Subscription Violation"):
+		v.sub.Add(1)
+	case strings.Contains(msg, server.ErrAuthentication.Error()):
+		v.authen.Add(1)
+	}
+	if v.inner != nil {
+		v.inner.Errorf("%s", msg)
+	}
+}
+
+// serveRegistry answers the registry requests of tenants, who may not
+// read the control bucket's stream, with every device's entry, until the
+// connection closes. The nodes of a cluster share the queue group: one
+// answers.
+func (b *Broker) serveRegistry() error {
+	nc, err := b.Connect(nats.Name("jetfabric-registry"))
+	if err != nil {
+		return err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return fmt.Errorf("broker: %w", err)
+	}
+	_, err = nc.QueueSubscribe(b.names.ServiceRegistry(), "jetfabric-registry", func(m *nats.Msg) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		entries, err := registry(ctx, js, b.names)
+		if err != nil {
+			h := nats.Header{}
+			h.Set("Nats-Service-Error", err.Error())
+			h.Set("Nats-Service-Error-Code", "503")
+			_ = m.RespondMsg(&nats.Msg{Header: h})
+			return
+		}
+		_ = m.Respond(entries)
+	})
+	if err != nil {
+		nc.Close()
+		return fmt.Errorf("broker: serve %s: %w", b.names.ServiceRegistry(), err)
+	}
+	b.mu.Lock()
+	b.registryConn = nc
+	b.mu.Unlock()
+	return nil
+}
+
+// registry is every registry entry, as a JSON array.
+func registry(ctx context.Context, js jetstream.JetStream, names subjects.Names) ([]byte, error) {
+	kv, err := js.KeyValue(ctx, names.CtrlBucket())
+	if err != nil {
+		return nil, err
+	}
+	keys, err := kv.ListKeysFiltered(ctx, subjects.DeviceKeys)
+	if err != nil {
+		return nil, err
+	}
+	entries := []json.RawMessage{}
+	for k := range keys.Keys() {
+		e, err := kv.Get(ctx, k)
+		if err != nil {
+			continue // deleted since
+		}
+		if json.Valid(e.Value()) {
+			entries = append(entries, e.Value())
+		}
+	}
+	return json.Marshal(entries)
+}
+
+// Violations are the refusals counted since the broker started.
+type Violations struct {
+	Publish, Subscribe, Authentication uint64
+}
+
+// Violations reports the permission violations and failed authentications
+// the server has refused since start (all zero without an auth directory).
+func (b *Broker) Violations() Violations {
+	if b.viol == nil {
+		return Violations{}
+	}
+	return Violations{Publish: b.viol.pub.Load(), Subscribe: b.viol.sub.Load(), Authentication: b.viol.authen.Load()}
+}
+
+// ServiceOptions are the nats.Options that authenticate a connection to
+// this broker as the service user: none without an auth directory.
+func (b *Broker) ServiceOptions() []nats.Option {
+	if b.auth == nil {
+		return nil
+	}
+	return []nats.Option{ServiceUser(b.auth)}
+}
+
+// AccountKey is the public key of the fabric's account ("" without an
+// auth directory): workers accept the tenant records it signed.
+func (b *Broker) AccountKey() string {
+	if b.auth == nil {
+		return ""
+	}
+	return b.auth.Account
+}
+
+// Tenants are the tenants of the auth directory as read at New.
+func (b *Broker) Tenants() []codec.Tenant {
+	if b.auth == nil {
+		return nil
+	}
+	return b.auth.Tenants
+}
+
+// ProvisionTenant creates or updates tenant rec's object bucket,
+// FABRIC_XFER_<tenant> (its max bytes the tenant's byte quota, or none
+// without one; its TTL the transfer bucket's), and writes its signed record (tenant.SignRecord)
+// under tenant.<name> in the control bucket, where workers read its
+// quotas. Idempotent.
+func ProvisionTenant(ctx context.Context, js jetstream.JetStream, names subjects.Names, p Provision, rec codec.Tenant, signed string) error {
+	if err := subjects.ValidateTenant(rec.Name); err != nil {
+		return fmt.Errorf("broker: %w", err)
+	}
+	bucket := names.TenantXferBucket(rec.Name)
+	// A byte quota bounds the bucket (JetStream reserves it in the
+	// server's storage); without one the bucket is unbounded, as the
+	// tenant is.
+	max := int64(-1)
+	if rec.Bytes > 0 {
+		max = rec.Bytes
+	}
+	_, err := js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
+		Bucket:      bucket,
+		Description: "jetfabric objects of tenant " + rec.Name + ": uploads and large results",
+		TTL:         p.XferTTL,
+		MaxBytes:    max,
+		Storage:     p.XferStorage,
+		Replicas:    p.Replicas,
+	})
+	if err != nil {
+		return fmt.Errorf("broker: provision bucket %s: %w", bucket, err)
+	}
+	kv, err := js.KeyValue(ctx, names.CtrlBucket())
+	if err != nil {
+		return fmt.Errorf("broker: bucket %s: %w", names.CtrlBucket(), err)
+	}
+	if _, err := kv.Put(ctx, subjects.TenantKey(rec.Name), []byte(signed)); err != nil {
+		return fmt.Errorf("broker: tenant record %s: %w", rec.Name, err)
+	}
+	return nil
+}
