@@ -1,0 +1,331 @@
+package tenant
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nkeys"
+
+	"github.com/jetfabric/jetfabric/codec"
+	"github.com/jetfabric/jetfabric/subjects"
+)
+
+// Errors.
+var (
+	ErrNoDir  = errors.New("tenant: not an auth directory")
+	ErrExists = errors.New("tenant: already exists")
+	ErrCreds  = errors.New("tenant: bad credentials")
+)
+
+// File names inside an auth directory.
+const (
+	operatorJWT  = "operator.jwt"
+	operatorSeed = "operator.nk"
+	accountJWT   = "account.jwt"
+	accountSeed  = "account.nk"
+	sysJWT       = "sys.jwt"
+	sysSeed      = "sys.nk"
+	serviceCreds = "service.creds"
+	tenantsDir   = "tenants"
+)
+
+// ServiceCreds is the path of the service user's creds file in dir.
+func ServiceCreds(dir string) string { return filepath.Join(dir, serviceCreds) }
+
+// CredsPath is the path of tenant's creds file in dir.
+func CredsPath(dir, name string) string { return filepath.Join(dir, name+".creds") }
+
+// Init makes an operator, the fabric's account, the system account and the
+// service user in dir (created if missing). It refuses a directory that
+// already has an operator (ErrExists): keys are never replaced.
+func Init(dir string) error {
+	if _, err := os.Stat(filepath.Join(dir, operatorJWT)); err == nil {
+		return fmt.Errorf("%w: %s has an operator already", ErrExists, dir)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, tenantsDir), 0o700); err != nil {
+		return fmt.Errorf("tenant: %w", err)
+	}
+	op, err := nkeys.CreateOperator()
+	if err != nil {
+		return fmt.Errorf("tenant: operator key: %w", err)
+	}
+	opPub, _ := op.PublicKey()
+	oc := jwt.NewOperatorClaims(opPub)
+	oc.Name = "jetfabric"
+	acc, err := nkeys.CreateAccount()
+	if err != nil {
+		return fmt.Errorf("tenant: account key: %w", err)
+	}
+	sys, err := nkeys.CreateAccount()
+	if err != nil {
+		return fmt.Errorf("tenant: account key: %w", err)
+	}
+	sysPub, _ := sys.PublicKey()
+	oc.SystemAccount = sysPub
+	opJWT, err := oc.Encode(op)
+	if err != nil {
+		return fmt.Errorf("tenant: operator jwt: %w", err)
+	}
+	accPub, _ := acc.PublicKey()
+	ac := jwt.NewAccountClaims(accPub)
+	ac.Name = "FABRIC"
+	ac.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1}
+	accJWT, err := ac.Encode(op)
+	if err != nil {
+		return fmt.Errorf("tenant: account jwt: %w", err)
+	}
+	sc := jwt.NewAccountClaims(sysPub)
+	sc.Name = "SYS"
+	sJWT, err := sc.Encode(op)
+	if err != nil {
+		return fmt.Errorf("tenant: system account jwt: %w", err)
+	}
+	svc, err := userCreds(acc, "service", nil, time.Time{})
+	if err != nil {
+		return err
+	}
+	files := []struct {
+		name   string
+		data   []byte
+		secret bool
+	}{
+		{operatorJWT, []byte(opJWT), false},
+		{operatorSeed, seedOf(op), true},
+		{accountJWT, []byte(accJWT), false},
+		{accountSeed, seedOf(acc), true},
+		{sysJWT, []byte(sJWT), false},
+		{sysSeed, seedOf(sys), true},
+		{serviceCreds, svc, true},
+	}
+	for _, f := range files {
+		mode := os.FileMode(0o644)
+		if f.secret {
+			mode = 0o600
+		}
+		if err := os.WriteFile(filepath.Join(dir, f.name), f.data, mode); err != nil {
+			return fmt.Errorf("tenant: %w", err)
+		}
+	}
+	return nil
+}
+
+func seedOf(kp nkeys.KeyPair) []byte {
+	s, _ := kp.Seed()
+	return s
+}
+
+// userCreds mints a user of account acc with permissions (nil: all) and
+// returns its creds file.
+func userCreds(acc nkeys.KeyPair, name string, perms *jwt.Permissions, expires time.Time) ([]byte, error) {
+	u, err := nkeys.CreateUser()
+	if err != nil {
+		return nil, fmt.Errorf("tenant: user key: %w", err)
+	}
+	upub, _ := u.PublicKey()
+	uc := jwt.NewUserClaims(upub)
+	uc.Name = name
+	if perms != nil {
+		uc.Permissions = *perms
+	}
+	if !expires.IsZero() {
+		uc.Expires = expires.Unix()
+	}
+	tok, err := uc.Encode(acc)
+	if err != nil {
+		return nil, fmt.Errorf("tenant: user jwt %s: %w", name, err)
+	}
+	seed, _ := u.Seed()
+	creds, err := jwt.FormatUserConfig(tok, seed)
+	if err != nil {
+		return nil, fmt.Errorf("tenant: creds %s: %w", name, err)
+	}
+	return creds, nil
+}
+
+// Add makes tenant rec.Name in dir: its record and its creds file, whose
+// JWT carries Permissions(names, name) and expires at rec.Expires (zero:
+// never). It returns the creds file's path. A tenant that exists is
+// refused (ErrExists) unless replace is set (new credentials and quotas;
+// the old credentials stay valid until they expire).
+func Add(dir string, names subjects.Names, rec codec.Tenant, replace bool) (string, error) {
+	if err := subjects.ValidateTenant(rec.Name); err != nil {
+		return "", fmt.Errorf("tenant: %w", err)
+	}
+	if rec.Sessions < 0 || rec.Bytes < 0 || rec.FPS < 0 {
+		return "", fmt.Errorf("tenant: %s: negative quota (sessions %d, bytes %d, fps %g)", rec.Name, rec.Sessions, rec.Bytes, rec.FPS)
+	}
+	recPath := filepath.Join(dir, tenantsDir, rec.Name+".json")
+	if _, err := os.Stat(recPath); err == nil && !replace {
+		return "", fmt.Errorf("%w: tenant %s in %s", ErrExists, rec.Name, dir)
+	}
+	seed, err := os.ReadFile(filepath.Join(dir, accountSeed))
+	if err != nil {
+		return "", fmt.Errorf("%w: %s: %v (run jetfabric tenant init first)", ErrNoDir, dir, err)
+	}
+	acc, err := nkeys.FromSeed(seed)
+	if err != nil {
+		return "", fmt.Errorf("tenant: %s: %w", accountSeed, err)
+	}
+	perms := Permissions(names, rec.Name)
+	creds, err := userCreds(acc, rec.Name, &perms, rec.Expires)
+	if err != nil {
+		return "", err
+	}
+	b, err := json.MarshalIndent(rec, "", "  ")
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(filepath.Join(dir, tenantsDir), 0o700); err != nil {
+		return "", fmt.Errorf("tenant: %w", err)
+	}
+	signed, err := SignRecord(acc, rec)
+	if err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(recPath, b, 0o644); err != nil {
+		return "", fmt.Errorf("tenant: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, tenantsDir, rec.Name+".jwt"), []byte(signed), 0o644); err != nil {
+		return "", fmt.Errorf("tenant: %w", err)
+	}
+	path := CredsPath(dir, rec.Name)
+	if err := os.WriteFile(path, creds, 0o600); err != nil {
+		return "", fmt.Errorf("tenant: %w", err)
+	}
+	return path, nil
+}
+
+// Dir is an auth directory as the broker reads it.
+type Dir struct {
+	// Operator is the operator's JWT, decoded.
+	Operator *jwt.OperatorClaims
+	// Accounts maps account public keys to their JWTs (the fabric's and
+	// the system account), for a memory resolver.
+	Accounts map[string]string
+	// Account and System are the public keys of the fabric's account and
+	// the system account.
+	Account, System string
+	// ServiceJWT and ServiceSeed are the service user's credentials.
+	ServiceJWT  string
+	ServiceSeed []byte
+	// Tenants are the tenants' records, sorted by name, and Signed the
+	// same records signed by the account (see SignRecord), by name.
+	Tenants []codec.Tenant
+	Signed  map[string]string
+}
+
+// Load reads an auth directory made by Init and Add.
+func Load(dir string) (*Dir, error) {
+	read := func(name string) (string, error) {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			return "", fmt.Errorf("%w: %s: %v (make one with jetfabric tenant init)", ErrNoDir, dir, err)
+		}
+		return strings.TrimSpace(string(b)), nil
+	}
+	opTok, err := read(operatorJWT)
+	if err != nil {
+		return nil, err
+	}
+	op, err := jwt.DecodeOperatorClaims(opTok)
+	if err != nil {
+		return nil, fmt.Errorf("tenant: %s: %w", operatorJWT, err)
+	}
+	d := &Dir{Operator: op, Accounts: map[string]string{}, Signed: map[string]string{}}
+	for _, f := range []struct {
+		name string
+		pub  *string
+	}{{accountJWT, &d.Account}, {sysJWT, &d.System}} {
+		tok, err := read(f.name)
+		if err != nil {
+			return nil, err
+		}
+		ac, err := jwt.DecodeAccountClaims(tok)
+		if err != nil {
+			return nil, fmt.Errorf("tenant: %s: %w", f.name, err)
+		}
+		if ac.Issuer != op.Subject {
+			return nil, fmt.Errorf("tenant: %s is not signed by the operator of %s", f.name, operatorJWT)
+		}
+		*f.pub = ac.Subject
+		d.Accounts[ac.Subject] = tok
+	}
+	creds, err := os.ReadFile(ServiceCreds(dir))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrNoDir, dir, err)
+	}
+	if d.ServiceJWT, d.ServiceSeed, err = ParseCreds(creds); err != nil {
+		return nil, err
+	}
+	entries, err := os.ReadDir(filepath.Join(dir, tenantsDir))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("tenant: %w", err)
+	}
+	for _, e := range entries {
+		name, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, tenantsDir, e.Name()))
+		if err != nil {
+			return nil, fmt.Errorf("tenant: %w", err)
+		}
+		var rec codec.Tenant
+		if err := json.Unmarshal(b, &rec); err != nil || rec.Name != name {
+			return nil, fmt.Errorf("tenant: record %s: not a record of tenant %s (%v)", e.Name(), name, err)
+		}
+		signed, err := os.ReadFile(filepath.Join(dir, tenantsDir, name+".jwt"))
+		if err != nil {
+			return nil, fmt.Errorf("tenant: signed record of %s: %w", name, err)
+		}
+		if _, _, err := VerifyRecord(signed, d.Account, name); err != nil {
+			return nil, fmt.Errorf("tenant: %s: %w", name, err)
+		}
+		d.Tenants = append(d.Tenants, rec)
+		d.Signed[name] = strings.TrimSpace(string(signed))
+	}
+	slices.SortFunc(d.Tenants, func(a, b codec.Tenant) int { return strings.Compare(a.Name, b.Name) })
+	return d, nil
+}
+
+// ParseCreds returns the JWT and the seed of a creds file.
+func ParseCreds(creds []byte) (token string, seed []byte, err error) {
+	if token, err = jwt.ParseDecoratedJWT(creds); err != nil {
+		return "", nil, fmt.Errorf("%w: %v", ErrCreds, err)
+	}
+	kp, err := jwt.ParseDecoratedNKey(creds)
+	if err != nil {
+		return "", nil, fmt.Errorf("%w: %v", ErrCreds, err)
+	}
+	if seed, err = kp.Seed(); err != nil {
+		return "", nil, fmt.Errorf("%w: %v", ErrCreds, err)
+	}
+	return token, seed, nil
+}
+
+// NameOf is the tenant a creds file is for ("" for the service user), as
+// its JWT names it, and when the JWT expires (zero: never).
+func NameOf(creds []byte) (name string, expires time.Time, err error) {
+	tok, _, err := ParseCreds(creds)
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	uc, err := jwt.DecodeUserClaims(tok)
+	if err != nil {
+		return "", time.Time{}, fmt.Errorf("%w: %v", ErrCreds, err)
+	}
+	if uc.Expires > 0 {
+		expires = time.Unix(uc.Expires, 0)
+	}
+	if uc.Name == "service" && uc.Permissions.Pub.Empty() {
+		return "", expires, nil
+	}
+	return uc.Name, expires, nil
+}

@@ -1,0 +1,116 @@
+package tenant_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nkeys"
+
+	"github.com/jetfabric/jetfabric/codec"
+	"github.com/jetfabric/jetfabric/subjects"
+	"github.com/jetfabric/jetfabric/tenant"
+)
+
+func TestDirectory(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := tenant.Load(dir); !errors.Is(err, tenant.ErrNoDir) {
+		t.Errorf("load of an empty directory: %v", err)
+	}
+	if _, err := tenant.Add(dir, subjects.Default(), codec.Tenant{Name: "a"}, false); !errors.Is(err, tenant.ErrNoDir) {
+		t.Errorf("add before init: %v", err)
+	}
+	if err := tenant.Init(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := tenant.Init(dir); !errors.Is(err, tenant.ErrExists) {
+		t.Errorf("second init: %v", err)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "account.nk")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("account seed: %v %v", fi.Mode(), err)
+	}
+	for _, bad := range []codec.Tenant{{Name: ""}, {Name: "a.b"}, {Name: "a>"}, {Name: "x", Sessions: -1}, {Name: "x", Bytes: -1}, {Name: "x", FPS: -1}} {
+		if _, err := tenant.Add(dir, subjects.Default(), bad, false); err == nil {
+			t.Errorf("tenant %+v accepted", bad)
+		}
+	}
+	exp := time.Now().Add(time.Hour).UTC().Truncate(time.Second)
+	path, err := tenant.Add(dir, subjects.Default(), codec.Tenant{Name: "acme", Sessions: 3, Expires: exp}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tenant.Add(dir, subjects.Default(), codec.Tenant{Name: "acme"}, false); !errors.Is(err, tenant.ErrExists) {
+		t.Errorf("second add: %v", err)
+	}
+	if _, err := tenant.Add(dir, subjects.Default(), codec.Tenant{Name: "acme", Sessions: 4}, true); err != nil {
+		t.Errorf("replace: %v", err)
+	}
+	creds, _ := os.ReadFile(path)
+	name, _, err := tenant.NameOf(creds)
+	if err != nil || name != "acme" {
+		t.Errorf("name of acme's creds: %q %v", name, err)
+	}
+	svc, _ := os.ReadFile(tenant.ServiceCreds(dir))
+	if name, exp, err := tenant.NameOf(svc); err != nil || name != "" || !exp.IsZero() {
+		t.Errorf("name of the service creds: %q %v %v", name, exp, err)
+	}
+	if _, _, err := tenant.NameOf([]byte("junk")); !errors.Is(err, tenant.ErrCreds) {
+		t.Errorf("junk creds: %v", err)
+	}
+	d, err := tenant.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Tenants) != 1 || d.Tenants[0].Sessions != 4 || d.Signed["acme"] == "" {
+		t.Errorf("loaded tenants %+v", d.Tenants)
+	}
+	issuer, err := tenant.Issuer(creds)
+	if err != nil || issuer != d.Account {
+		t.Errorf("issuer %s of acme's creds, account %s: %v", issuer, d.Account, err)
+	}
+	if rec, _, err := tenant.VerifyRecord([]byte(d.Signed["acme"]), d.Account, "acme"); err != nil || rec.Sessions != 4 {
+		t.Errorf("acme's signed record: %+v %v", rec, err)
+	}
+	// A record signed by another key is not the fabric's.
+	other, _ := nkeys.CreateAccount()
+	forged, err := tenant.SignRecord(other, codec.Tenant{Name: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := tenant.VerifyRecord([]byte(forged), d.Account, "acme"); !errors.Is(err, tenant.ErrRecord) {
+		t.Errorf("a record signed by another account: %v", err)
+	}
+	// A tampered record file stops the directory from loading.
+	if err := os.WriteFile(filepath.Join(dir, "tenants", "acme.jwt"), []byte(forged), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tenant.Load(dir); err == nil {
+		t.Error("a directory with a forged record loaded")
+	}
+}
+
+func TestPermissions(t *testing.T) {
+	p := tenant.Permissions(subjects.Default(), "acme")
+	for _, want := range []string{"fabric.t.acme.>", "$O.FABRIC_XFER_acme.>", "fabric.svc.registry"} {
+		if !slices.Contains(p.Pub.Allow, want) {
+			t.Errorf("acme may not publish to %s", want)
+		}
+	}
+	if !slices.Contains(p.Sub.Allow, "_INBOX_fabric.t.acme.>") {
+		t.Error("acme may not subscribe to its inbox")
+	}
+	// Nothing wider than the tenant's own namespace: no bare wildcard, no
+	// other tenant's subjects, no consumer on a shared stream.
+	for _, s := range append(slices.Clone(p.Pub.Allow), p.Sub.Allow...) {
+		if s == ">" || strings.HasPrefix(s, "$JS.API.>") || strings.Contains(s, ".t.*.") || strings.HasPrefix(s, "$SRV") {
+			t.Errorf("permission %q is too wide", s)
+		}
+		if strings.HasPrefix(s, "$JS.API.CONSUMER.") && !strings.Contains(s, "OBJ_FABRIC_XFER_acme") {
+			t.Errorf("a consumer on a stream acme does not own: %q", s)
+		}
+	}
+}
