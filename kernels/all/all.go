@@ -25,9 +25,14 @@ func CPU() kernels.Backend { return cpu.New() }
 type GPUOption func(*gpuOptions)
 
 type gpuOptions struct {
-	tf32 bool
+	tf32     bool
+	noChains bool
 }
 
 // WithTF32 lets float32 matrix products use TF32 tensor cores (see the
 // CUDA backend's WithTF32).
 func WithTF32(on bool) GPUOption { return func(o *gpuOptions) { o.tf32 = on } }
+
+// WithChains sets whether runs of elementwise ops of one shape launch as
+// one kernel (see the CUDA backend's WithChains; on by default).
+func WithChains(on bool) GPUOption { return func(o *gpuOptions) { o.noChains = !on } }

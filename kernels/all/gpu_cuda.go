@@ -31,7 +31,7 @@ func OpenGPU(ordinal int, opts ...GPUOption) (kernels.Backend, error) {
 	for _, opt := range opts {
 		opt(&o)
 	}
-	b, err := cuda.New(ordinal, cuda.WithTF32(o.tf32))
+	b, err := cuda.New(ordinal, cuda.WithTF32(o.tf32), cuda.WithChains(!o.noChains))
 	if err != nil {
 		return nil, wrap(err)
 	}

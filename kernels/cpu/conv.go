@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"fmt"
 	"runtime"
 
 	"github.com/jetfabric/jetfabric/kernels"
@@ -101,22 +102,29 @@ func (p *convPlan) whole(c chunk) bool { return c.n1-c.n0 == 1 && c.oh0 == 0 && 
 // flops is the multiply-adds of one pass, for deciding on parallelism.
 func (p *convPlan) flops() int { return p.N * p.O * p.p * max(p.r, 1) }
 
+// chunkWorkers is the number of goroutines runChunks shares n tasks
+// among: the cores when the work is large.
+func chunkWorkers(n, work int) int {
+	if work >= 1<<18 {
+		return max(1, min(runtime.GOMAXPROCS(0), n))
+	}
+	return 1
+}
+
 // runChunks runs tasks [0, n) on the cores when the work is large.
 func runChunks(n, work int, run func(lo, hi int)) {
-	w := 1
-	if work >= 1<<18 {
-		w = min(runtime.GOMAXPROCS(0), n)
-	}
-	if w > 1 {
+	if w := chunkWorkers(n, work); w > 1 {
 		parallelDynamic(n, w, run)
 		return
 	}
 	run(0, n)
 }
 
-// gemm sets c[m×n] = a[m×k]·b[k×n], row-major, with the matmul kernels.
-func gemm[T float](c, a, b []T, m, k, n int) {
-	p := mm{m: m, k: k, n: n}
+// gemm sets c[m×n] = a[m×k]·b[k×n], row-major, with the matmul kernels;
+// on the calling goroutine alone if serial (its caller runs the chunks
+// of a convolution on the cores already).
+func gemm[T float](c, a, b []T, m, k, n int, serial bool) {
+	p := mm{m: m, k: k, n: n, serial: serial}
 	p.batch, _ = newBcast(nil)
 	switch c := any(c).(type) {
 	case []float32:
@@ -274,8 +282,10 @@ func gatherDY[T float](p *convPlan, dst, dy []T, c chunk, gi int) {
 	}
 }
 
-// conv2D computes y = conv2d(x, w) + bias (bias may be nil).
-func conv2D[T float](p *convPlan, y, x, w, bias []T) {
+// conv2D computes y = conv2d(x, w) + bias (bias may be nil), then, if
+// relu, relu of it: each chunk's outputs while they are in cache.
+func conv2D[T float](p *convPlan, y, x, w, bias []T, relu bool) {
+	serial := chunkWorkers(p.chunks(), p.flops()) > 1
 	run := func(lo, hi int) {
 		hc, ht := getF64(0), getF64(0)
 		defer f64Pool.Put(hc)
@@ -293,31 +303,54 @@ func conv2D[T float](p *convPlan, y, x, w, bias []T) {
 					im2col(p, col, x, c, gi)
 				}
 				if p.whole(c) {
-					gemm(y[(c.n0*p.O+gi*p.og)*p.p:(c.n0*p.O+gi*p.og+p.og)*p.p], wg, col, p.og, p.r, l)
+					gemm(y[(c.n0*p.O+gi*p.og)*p.p:(c.n0*p.O+gi*p.og+p.og)*p.p], wg, col, p.og, p.r, l, serial)
 					continue
 				}
 				tmp := packBuf[T](ht, p.og*l)
-				gemm(tmp, wg, col, p.og, p.r, l)
+				gemm(tmp, wg, col, p.og, p.r, l, serial)
 				for o := range p.og {
 					for n := c.n0; n < c.n1; n++ {
 						copy(y[(n*p.O+gi*p.og+o)*p.p+c.oh0*p.OW:][:seg], tmp[o*l+(n-c.n0)*seg:][:seg])
 					}
 				}
 			}
-			if bias == nil {
+			if bias == nil && !relu {
 				continue
 			}
 			for n := c.n0; n < c.n1; n++ {
-				for o, bv := range bias[:p.O] {
+				for o := range p.O {
 					row := y[(n*p.O+o)*p.p+c.oh0*p.OW:][:seg]
-					for q := range row {
-						row[q] += bv
-					}
+					writeOut(row, row, bias, o, relu)
 				}
 			}
 		}
 	}
 	runChunks(p.chunks(), p.flops(), run)
+}
+
+// writeOut sets dst to src plus bias[o] (if bias is not nil), then to
+// relu of that (if relu), with the arithmetic of the add and relu ops.
+// dst may be src.
+func writeOut[T float](dst, src, bias []T, o int, relu bool) {
+	dst = dst[:len(src)]
+	switch {
+	case bias != nil && relu:
+		bv := bias[o]
+		for q, v := range src {
+			dst[q] = max(v+bv, 0) // relu's own max
+		}
+	case bias != nil:
+		bv := bias[o]
+		for q, v := range src {
+			dst[q] = v + bv
+		}
+	case relu:
+		for q, v := range src {
+			dst[q] = max(v, 0)
+		}
+	default:
+		copy(dst, src)
+	}
 }
 
 // conv2DInputGrad computes dx from dy and w. A task is one sample, or a
@@ -339,6 +372,7 @@ func conv2DInputGrad[T float](p *convPlan, dx, dy, w []T) {
 		tasks, per = p.N, p.perSample
 	}
 	chw := p.C * p.H * p.W
+	serial := chunkWorkers(tasks, p.flops()) > 1
 	run := func(lo, hi int) {
 		hc, ht := getF64(0), getF64(0)
 		defer f64Pool.Put(hc)
@@ -358,7 +392,7 @@ func conv2DInputGrad[T float](p *convPlan, dx, dy, w []T) {
 						g = packBuf[T](ht, p.og*l)
 						gatherDY(p, g, dy, c, gi)
 					}
-					gemm(col, wt[gi*p.og*p.r:(gi+1)*p.og*p.r], g, p.r, p.og, l)
+					gemm(col, wt[gi*p.og*p.r:(gi+1)*p.og*p.r], g, p.r, p.og, l, serial)
 					col2im(p, dx, col, c, gi)
 				}
 			}
@@ -379,6 +413,7 @@ func conv2DWeightGrad[T float](p *convPlan, dw, x, dy []T) {
 	parts := min(nch, maxPartials)
 	size := p.Groups * p.r * p.og // per group, dWᵀ: r×og
 	partial := make([]T, parts*size)
+	serial := chunkWorkers(parts, p.flops()) > 1
 	run := func(lo, hi int) {
 		hc, ht, hp := getF64(0), getF64(0), getF64(0)
 		defer f64Pool.Put(hc)
@@ -401,10 +436,10 @@ func conv2DWeightGrad[T float](p *convPlan, dw, x, dy []T) {
 					}
 					a := acc[gi*p.r*p.og : (gi+1)*p.r*p.og]
 					if first {
-						gemm(a, col, dyt, p.r, l, p.og)
+						gemm(a, col, dyt, p.r, l, p.og, serial)
 						continue
 					}
-					gemm(prod, col, dyt, p.r, l, p.og)
+					gemm(prod, col, dyt, p.r, l, p.og, serial)
 					for q, v := range prod {
 						a[q] += v
 					}
@@ -431,6 +466,38 @@ func conv2DWeightGrad[T float](p *convPlan, dw, x, dy []T) {
 
 // execConv runs conv2d and its two gradients.
 func execConv(b *Backend, op *kernels.Op, in, out []*kernels.Tensor) error {
+	return b.conv(op, in, out, false)
+}
+
+// ExecRelu runs op and relu of its output, as op then relu would, without
+// storing op's output: the outputs take relu as they are written, while
+// in cache. It takes conv2d of float32 and float64, and returns
+// kernels.ErrNotImplemented, doing nothing, for any other op.
+func (b *Backend) ExecRelu(op *kernels.Op, in, out []*kernels.Tensor) error {
+	if op == nil || op.Name != kernels.OpConv2D || len(in) == 0 || in[0] == nil ||
+		in[0].DType != kernels.Float32 && in[0].DType != kernels.Float64 {
+		return fmt.Errorf("%w: cpu: relu after this op", kernels.ErrNotImplemented)
+	}
+	e := table[op.Name]
+	if (e.nin >= 0 && len(in) != e.nin) || len(out) != 1 {
+		return fmt.Errorf("%w: cpu: %s takes %d inputs and 1 output, got %d and %d", kernels.ErrArity, op.Name, e.nin, len(in), len(out))
+	}
+	for i, t := range in {
+		if err := checkTensor(op, "input", i, t); err != nil {
+			return err
+		}
+	}
+	if err := checkTensor(op, "output", 0, out[0]); err != nil {
+		return err
+	}
+	if aliased(in, out) {
+		return fmt.Errorf("%w: cpu: relu after %s into one of its inputs", kernels.ErrNotImplemented, op.Name)
+	}
+	return b.conv(op, in, out, true)
+}
+
+// conv runs a convolution op, and relu of conv2d's output if relu.
+func (b *Backend) conv(op *kernels.Op, in, out []*kernels.Tensor, relu bool) error {
 	if err := checkMetas(op, in, out); err != nil {
 		return err
 	}
@@ -452,9 +519,9 @@ func execConv(b *Backend, op *kernels.Op, in, out []*kernels.Tensor) error {
 	}
 	switch in[0].DType {
 	case kernels.Float32:
-		runConv[float32](newConvPlan(g), op.Name, in, out)
+		runConv[float32](newConvPlan(g), op.Name, in, out, relu)
 	case kernels.Float64:
-		runConv[float64](newConvPlan(g), op.Name, in, out)
+		runConv[float64](newConvPlan(g), op.Name, in, out, relu)
 	case kernels.Float16, kernels.BFloat16:
 		return b.viaF32(op, in, out)
 	default:
@@ -463,15 +530,20 @@ func execConv(b *Backend, op *kernels.Op, in, out []*kernels.Tensor) error {
 	return nil
 }
 
-func runConv[T float](p *convPlan, name string, in, out []*kernels.Tensor) {
+// runConv runs a convolution op, and, for conv2d, relu of its output if
+// relu.
+func runConv[T float](p *convPlan, name string, in, out []*kernels.Tensor, relu bool) {
 	v := func(t *kernels.Tensor) []T { return view[T](data(t), t.Numel()) }
+	if sizeOf[T]() == 4 && runConvDirect(p, name, in, out, relu) {
+		return
+	}
 	switch name {
 	case kernels.OpConv2D:
 		var bias []T
 		if len(in) == 3 {
 			bias = v(in[2])
 		}
-		conv2D(p, v(out[0]), v(in[0]), v(in[1]), bias)
+		conv2D(p, v(out[0]), v(in[0]), v(in[1]), bias, relu)
 	case kernels.OpConv2DInputGrad:
 		conv2DInputGrad(p, v(out[0]), v(in[0]), v(in[1]))
 	default:

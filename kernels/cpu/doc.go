@@ -24,8 +24,23 @@
 // The convolutions are matrix products over column matrices (im2col),
 // accumulating in the operands' dtype, cut into chunks that depend on the
 // shapes alone; the weight gradient adds its chunks' products in a fixed
-// order. avg_pool2d and cross_entropy accumulate in float64; the pooling
-// gradients add into each input plane in a fixed order.
+// order. On amd64 with AVX2 and FMA, a float32 conv2d and its input
+// gradient with stride 1, no padding, one group and 8 channels or more on
+// the summed side take the direct path instead: one product per kernel
+// tap, reading x (or dy, padded) in place, the taps added in order; so
+// their bits differ from the column path's, but depend on the shapes and
+// the CPU's micro-kernel alone. avg_pool2d and cross_entropy accumulate in
+// float64; the pooling gradients add into each input plane in a fixed
+// order.
+//
+// # Fusion
+//
+// ExecFused runs a kernels.FusedGroup of elementwise ops block by block
+// through cache, each op the very kernel it runs alone on a slice of its
+// operands, and ExecRelu runs a conv2d taking relu as it writes its
+// outputs: both give the bits of their ops one by one. The worker calls
+// them for runs of ops whose intermediate results are freed right after,
+// so those are never stored.
 //
 // # Memory
 //

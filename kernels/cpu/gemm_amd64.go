@@ -168,7 +168,7 @@ func gemmPacked[T float](pv mm, c, a, b []T, kern gemmKernel[T]) {
 	p := &pv
 	p.fold()
 	w := 1
-	if p.m*p.n*p.k >= gemmParallel {
+	if p.m*p.n*p.k >= gemmParallel && !p.serial {
 		w = runtime.GOMAXPROCS(0)
 	}
 	if p.batch.n != 1 {

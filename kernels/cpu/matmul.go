@@ -18,6 +18,9 @@ func init() {
 type mm struct {
 	m, k, n int
 	batch   bcast // over batch dims; strides in matrices
+	// serial keeps the product on the calling goroutine: its caller
+	// already runs one product a core.
+	serial bool
 }
 
 // offsets returns the offsets, in elements, of batch t's A, B and C.
@@ -167,7 +170,7 @@ func gemmTiled[T float](pv mm, c, a, b []T, micro func(a, b, c []T, ldc int)) {
 		}
 	}
 	w := 1
-	if p.m*p.n*p.k >= 1<<18 {
+	if p.m*p.n*p.k >= 1<<18 && !p.serial {
 		w = min(runtime.GOMAXPROCS(0), tasks)
 	}
 	if w > 1 {
@@ -385,7 +388,7 @@ func micro2x4g[T float](a, b, c []T, ldc int) {
 // elements, k in order; a column vector B takes dot products.
 func matmulSimple[T number](p *mm, c, a, b []T) {
 	rows := p.batch.n * p.m
-	if w := split(rows, p.k*p.n); w > 1 {
+	if w := split(rows, p.k*p.n); w > 1 && !p.serial {
 		pp := *p
 		spread(w, func(i int) { matmulRows(&pp, c, a, b, bound(rows, w, i), bound(rows, w, i+1)) })
 		return

@@ -175,6 +175,9 @@ func argmaxRow[T float](g *poolGeom, x []T, oh int, val []T, key []uint64, idx [
 }
 
 func maxPool[T float](g *poolGeom, y, x []T) {
+	if fast2x2 && maxPool2x2(g, y, x) {
+		return
+	}
 	for oh := range g.OH {
 		maxRow(g, x, oh, y[oh*g.OW:(oh+1)*g.OW])
 	}

@@ -1,6 +1,9 @@
 package cpu
 
-// fast2x2 enables maxPoolGrad2x2; tests turn it off to compare.
+import "math"
+
+// fast2x2 enables maxPool2x2 and maxPoolGrad2x2; tests turn it off to
+// compare.
 var fast2x2 = true
 
 // maxPoolGrad2x2 is max_pool2d_grad of one plane for the common window:
@@ -48,4 +51,24 @@ func greater[T float](v, w T) uint8 {
 // pick is a if c is 1, else b, without a branch.
 func pick(c uint8, a, b int) int {
 	return b ^ (a^b)&-int(c)
+}
+
+// maxPool2x2 is max_pool2d of one plane for the window of maxPoolGrad2x2:
+// each output is the max of its four inputs taken in maxRow's order
+// (from -∞, row by row), so the bits are the general path's, without its
+// loops over taps. It reports false, doing nothing, for other windows.
+func maxPool2x2[T float](g *poolGeom, y, x []T) bool {
+	if g.KH != 2 || g.KW != 2 || g.SH != 2 || g.SW != 2 || g.PH != 0 || g.PW != 0 || g.DH != 1 || g.DW != 1 {
+		return false
+	}
+	w, ow := g.W, g.OW
+	inf := T(math.Inf(-1))
+	for i := range g.OH {
+		r0, r1 := x[2*i*w:2*i*w+2*ow], x[(2*i+1)*w:(2*i+1)*w+2*ow]
+		dst := y[i*ow : i*ow+ow]
+		for j := range dst {
+			dst[j] = max(max(max(max(inf, r0[2*j]), r0[2*j+1]), r1[2*j]), r1[2*j+1])
+		}
+	}
+	return true
 }

@@ -228,6 +228,12 @@ func reduceFloat[T float](rd red, corr float64, p *redPlan, x, y []T, yi []int64
 	l, k1, k2 := p.layout(rd)
 	switch l {
 	case lOther:
+		if (rd == rSum || rd == rMean) && p.ng == 3 && p.reduced[0] && !p.reduced[1] {
+			// [A, K, B] summed over A and B (a convolution's bias
+			// gradient): each kept row gathered a block at a time.
+			sumOuterInner(rd, x, y, p.size[0], p.size[1], p.size[2])
+			return
+		}
 		t, h := p.transposed(asBytes(x), sizeOf[T]())
 		defer wordPool.Put(h)
 		rowsFloat(rd, corr, view[T](t, len(x)), y, yi, p.k, p.r)
@@ -266,6 +272,49 @@ func rowsFloat[T float](rd red, corr float64, x, y []T, yi []int64, k, r int) {
 		return
 	}
 	rowsFloatRange(rd, corr, x, y, yi, r, 0, k, k*r >= parallelMin)
+}
+
+// sumOuterInner sums (rSum) or averages (rMean) x, [a, k, b], over a and
+// b. Row j of the transposed layout, x[0, j, :], x[1, j, :], ..., is
+// gathered redBlock elements at a time into a scratch and summed with
+// block, in the order blocked sums the transposed row: the same bits, but
+// x is read once instead of copied whole first.
+func sumOuterInner[T float](rd red, x, y []T, a, k, b int) {
+	if w := split(k, a*b); w > 1 && k >= w {
+		parallel(k, w, func(lo, hi int) { sumOuterInnerRows(rd, x, y, a, k, b, lo, hi) })
+		return
+	}
+	sumOuterInnerRows(rd, x, y, a, k, b, 0, k)
+}
+
+// sumOuterInnerRows is sumOuterInner for kept rows [lo, hi).
+func sumOuterInnerRows[T float](rd red, x, y []T, a, k, b, lo, hi int) {
+	r := a * b
+	h := getF64(0)
+	defer f64Pool.Put(h)
+	buf := packBuf[T](h, min(r, redBlock))
+	for j := lo; j < hi; j++ {
+		var s float64
+		for q0 := 0; q0 < r; q0 += redBlock {
+			n := min(redBlock, r-q0)
+			for q := q0; q < q0+n; {
+				i, o := q/b, q%b
+				seg := min(b-o, q0+n-q)
+				copy(buf[q-q0:q-q0+seg], x[(i*k+j)*b+o:])
+				q += seg
+			}
+			v := block(buf[:n], bSum, 0)
+			if q0 == 0 {
+				s = v
+			} else {
+				s += v
+			}
+		}
+		if rd == rMean {
+			s /= float64(r)
+		}
+		y[j] = T(s)
+	}
 }
 
 func (rd red) cost() int {

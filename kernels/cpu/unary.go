@@ -48,11 +48,13 @@ func init() {
 		{kernels.OpNot, nil, 1},
 	} {
 		elementwise[u.name] = true
+		fusedCost[u.name] = u.cost
 		def(func(b *Backend, op *kernels.Op, in, out []*kernels.Tensor) error {
 			return b.unary(u, op, in, out)
 		}, 1, u.name)
 	}
 	elementwise[kernels.OpIsNaN] = true
+	fusedCost[kernels.OpIsNaN] = 1
 	def(execIsNaN, 1, kernels.OpIsNaN)
 }
 

@@ -3,8 +3,10 @@
 package cuda
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 	"unsafe"
 
 	"github.com/jetfabric/jetfabric/kernels"
@@ -22,39 +24,91 @@ type buffer struct {
 // Bytes is the size asked for.
 func (b *buffer) Bytes() int { return b.n }
 
-// allocator keeps freed blocks in per-class free lists; cuMemAlloc runs
-// only when a list is empty, and on failure the lists are released and
-// the allocation tried once more. Every use of a block is ordered on the
-// one stream, so a block freed while kernels that read it are queued can
-// be handed out again at once.
-type allocator struct {
-	free   map[int][]uint64
-	cached int // bytes in the free lists
-	live   int // bytes handed out
+// Small size classes are carved from slabs of slabBytes, so that a run of
+// small allocations with no frees between them (a chain of ops on scalars)
+// asks the driver once a slab, not once a block.
+const (
+	slabBytes = 2 << 20
+	slabMax   = 64 << 10 // the largest class carved from slabs
+)
+
+// slab is one driver allocation carved into blocks of one class.
+type slab struct {
+	base  uint64
+	class int
 }
 
-func (a *allocator) init() { a.free = make(map[int][]uint64) }
+// allocator keeps freed blocks in per-class free lists. It runs on the
+// caller's goroutine under Backend.mu; only when a list is empty does it
+// ask the device thread for memory (grow), which allocates a slab for a
+// small class and a block of its own for a large one; on failure the
+// cached memory is released and the allocation tried once more. Every
+// use of a block is ordered on the one stream, and every device call goes
+// through the device thread's queue in the order it was made, so a block
+// freed while kernels that read it are queued, or not yet issued, can be
+// handed out again at once.
+type allocator struct {
+	free   map[int][]uint64
+	slabs  []slab // sorted by base
+	cached int    // bytes in the free lists
+	live   int    // bytes handed out
 
-func (a *allocator) get(b *Backend, n int) (uint64, int, error) {
-	c := sizeClass(n)
-	if l := a.free[c]; len(l) > 0 {
-		p := l[len(l)-1]
-		a.free[c] = l[:len(l)-1]
-		a.cached -= c
-		a.live += c
-		return p, c, nil
+	// The driver's allocation and release, replaced in tests.
+	memAlloc func(n int) (uint64, error)
+	memFree  func(p uint64) error
+}
+
+func (a *allocator) init() {
+	a.free = make(map[int][]uint64)
+	if a.memAlloc == nil {
+		a.memAlloc, a.memFree = memAlloc, memFree
 	}
-	p, err := memAlloc(c)
+}
+
+// take returns a cached block of class c, if there is one.
+func (a *allocator) take(c int) (uint64, bool) {
+	l := a.free[c]
+	if len(l) == 0 {
+		return 0, false
+	}
+	p := l[len(l)-1]
+	a.free[c] = l[:len(l)-1]
+	a.cached -= c
+	a.live += c
+	return p, true
+}
+
+// grow allocates memory from the driver for a block of class c and
+// returns the block; for a small class it carves a slab, caching the
+// rest. sync waits for the device's work before cached memory is
+// released. Device thread only.
+func (a *allocator) grow(c int, sync func() error) (uint64, error) {
+	n := c
+	if c <= slabMax {
+		n = slabBytes
+	}
+	p, err := a.memAlloc(n)
 	if err != nil && errors.Is(err, kernels.ErrOutOfMemory) && a.cached > 0 {
-		_ = streamSync(b.stream)
+		_ = sync()
 		a.trim()
-		p, err = memAlloc(c)
+		p, err = a.memAlloc(n)
 	}
 	if err != nil {
-		return 0, 0, fmt.Errorf("%w: %d bytes: %w", kernels.ErrOutOfMemory, n, err)
+		return 0, err
+	}
+	if c <= slabMax {
+		i, _ := slices.BinarySearchFunc(a.slabs, p, func(s slab, p uint64) int { return cmp.Compare(s.base, p) })
+		a.slabs = slices.Insert(a.slabs, i, slab{base: p, class: c})
+		// Blocks are handed out from the end of the list: in address
+		// order, the first one now.
+		k := slabBytes / c
+		for j := k - 1; j >= 1; j-- {
+			a.free[c] = append(a.free[c], p+uint64(j*c))
+		}
+		a.cached += (k - 1) * c
 	}
 	a.live += c
-	return p, c, nil
+	return p, nil
 }
 
 func (a *allocator) put(p uint64, c int) {
@@ -63,55 +117,136 @@ func (a *allocator) put(p uint64, c int) {
 	a.live -= c
 }
 
-// trim returns every cached block to the driver.
-func (a *allocator) trim() {
+// slabOf returns the index of the slab holding p.
+func (a *allocator) slabOf(p uint64) int {
+	i, found := slices.BinarySearchFunc(a.slabs, p, func(s slab, p uint64) int { return cmp.Compare(s.base, p) })
+	if !found {
+		i--
+	}
+	return i
+}
+
+// trim returns cached memory to the driver: every cached large block, and
+// every slab all of whose blocks are cached; it returns the bytes given
+// back.
+func (a *allocator) trim() int64 {
+	var released int64
+	cachedOf := make([]int, len(a.slabs))
 	for c, l := range a.free {
-		for _, p := range l {
-			_ = memFree(p)
+		if c <= slabMax {
+			for _, p := range l {
+				cachedOf[a.slabOf(p)]++
+			}
+			continue
 		}
+		for _, p := range l {
+			_ = a.memFree(p)
+		}
+		released += int64(c * len(l))
+		a.cached -= c * len(l)
 		delete(a.free, c)
 	}
-	a.cached = 0
+	drop := make([]bool, len(a.slabs))
+	kept := a.slabs[:0]
+	for i, s := range a.slabs {
+		if drop[i] = cachedOf[i] == slabBytes/s.class; drop[i] {
+			_ = a.memFree(s.base)
+			released += slabBytes
+		}
+	}
+	for c, l := range a.free {
+		keep := l[:0]
+		for _, p := range l {
+			if !drop[a.slabOf(p)] {
+				keep = append(keep, p)
+			} else {
+				a.cached -= c
+			}
+		}
+		if len(keep) == 0 {
+			delete(a.free, c)
+		} else {
+			a.free[c] = keep
+		}
+	}
+	for i, s := range a.slabs {
+		if !drop[i] {
+			kept = append(kept, s)
+		}
+	}
+	clear(a.slabs[len(kept):])
+	a.slabs = kept
+	return released
+}
+
+// close returns the cached blocks and every slab to the driver, small
+// blocks in use too; large blocks in use go with the context.
+func (a *allocator) close() {
+	for c, l := range a.free {
+		if c > slabMax {
+			for _, p := range l {
+				_ = a.memFree(p)
+			}
+		}
+	}
+	for _, s := range a.slabs {
+		_ = a.memFree(s.base)
+	}
+	a.free, a.slabs, a.cached = map[int][]uint64{}, nil, 0
 }
 
 // Alloc returns a buffer of n bytes. Errors wrap kernels.ErrOutOfMemory.
+// It runs on the caller's goroutine, from the cache, and waits for the
+// device thread only when the cache has no block of n's class.
 func (b *Backend) Alloc(n int) (kernels.Buffer, error) {
 	if n < 0 {
 		return nil, fmt.Errorf("%w: allocation of %d bytes", kernels.ErrAttr, n)
 	}
-	var buf *buffer
-	err := b.do(func() error {
-		var err error
-		buf, err = b.alloc(n)
-		return err
-	})
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil, ErrClosed
+	}
+	buf, err := b.alloc(n)
 	if err != nil {
 		return nil, err
 	}
 	return buf, nil
 }
 
+// alloc is Alloc with mu held.
 func (b *Backend) alloc(n int) (*buffer, error) {
-	p, c, err := b.mem.get(b, n)
-	if err != nil {
-		return nil, err
+	c := sizeClass(n)
+	p, ok := b.mem.take(c)
+	if !ok {
+		err := b.call(func() error {
+			var err error
+			p, err = b.mem.grow(c, func() error { return streamSync(b.stream) })
+			return err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%w: %d bytes: %w", kernels.ErrOutOfMemory, n, err)
+		}
 	}
 	return &buffer{ptr: p, n: n, class: c, owner: b}, nil
 }
 
-// Free returns buf to the cache. Freeing nil, a foreign buffer or a freed
-// one does nothing.
+// Free returns buf to the cache, at once: work queued that still uses it
+// runs before any work queued later (see allocator). Freeing nil, a
+// foreign buffer or a freed one does nothing.
 func (b *Backend) Free(buf kernels.Buffer) {
 	d, ok := buf.(*buffer)
 	if !ok || d == nil || d.owner != b {
 		return
 	}
-	_ = b.do(func() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.closed {
 		b.free(d)
-		return nil
-	})
+	}
 }
 
+// free is Free with mu held.
 func (b *Backend) free(d *buffer) {
 	if d.freed {
 		return
@@ -220,9 +355,13 @@ func (b *Backend) Upload(dst kernels.Buffer, src []byte) error {
 }
 
 // Download copies the first len(dst) bytes of src into dst, after all
-// work queued before it.
+// work queued before it. A queued op that failed to launch, and was not
+// reported yet, fails it with an *AsyncError naming that op.
 func (b *Backend) Download(dst []byte, src kernels.Buffer) error {
 	return b.do(func() error {
+		if err := b.takeAsync(); err != nil {
+			return err
+		}
 		d, err := b.own(src, len(dst))
 		if err != nil {
 			return err
@@ -271,4 +410,25 @@ func (b *Backend) Download(dst []byte, src kernels.Buffer) error {
 		}
 		return nil
 	})
+}
+
+// Trim gives the driver back the memory cached for reuse (every cached
+// large block, and every slab none of whose blocks is in use) and returns
+// how many bytes that was. It waits for the work queued before it, which
+// may still read blocks freed into the cache.
+func (b *Backend) Trim() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return 0
+	}
+	var n int64
+	_ = b.call(func() error {
+		if err := streamSync(b.stream); err != nil {
+			return err
+		}
+		n = b.mem.trim()
+		return nil
+	})
+	return n
 }

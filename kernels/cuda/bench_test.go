@@ -183,8 +183,8 @@ func BenchmarkMatmul(b *testing.B) {
 	}
 }
 
-// BenchmarkExecOverhead: a tiny op, queued and not waited for; the cost of
-// one call through the device thread.
+// BenchmarkExecOverhead: a tiny op, queued and not waited for; the cost
+// to the caller of one Exec.
 func BenchmarkExecOverhead(b *testing.B) {
 	be := newBackend(b)
 	x := empty(b, be, kernels.Float32, 16)
@@ -201,6 +201,44 @@ func BenchmarkExecOverhead(b *testing.B) {
 	}
 	if err := be.Sync(); err != nil {
 		b.Fatal(err)
+	}
+}
+
+// BenchmarkOpChain: a chain of tiny dependent adds as a worker runs them
+// (alloc the output, exec, free the input), waited for at the end: the
+// sustained rate of the caller, the device thread and the GPU together,
+// with and without chains of ops launched as one kernel.
+func BenchmarkOpChain(b *testing.B) {
+	for _, chains := range []bool{true, false} {
+		b.Run(fmt.Sprintf("chains=%v", chains), func(b *testing.B) {
+			be := newBackend(b, WithChains(chains))
+			one := empty(b, be, kernels.Float32, 1)
+			op := &kernels.Op{Name: kernels.OpAdd}
+			in, out := []*kernels.Tensor{{Meta: one.Meta}, one}, []*kernels.Tensor{{Meta: one.Meta}}
+			buf, err := be.Alloc(4)
+			if err != nil {
+				b.Fatal(err)
+			}
+			in[0].Buf = buf
+			for b.Loop() {
+				y, err := be.Alloc(4)
+				if err != nil {
+					b.Fatal(err)
+				}
+				out[0].Buf = y
+				if err := be.Exec(op, in, out); err != nil {
+					b.Fatal(err)
+				}
+				be.Free(in[0].Buf)
+				in[0].Buf = y
+			}
+			if err := be.Sync(); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
+			b.ReportMetric(float64(be.fusedChains), "fused-chains")
+			be.Free(in[0].Buf)
+		})
 	}
 }
 

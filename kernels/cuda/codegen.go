@@ -445,6 +445,10 @@ type ewLeaf struct {
 	// inner is a strided leaf's stride along the innermost dim in a
 	// vectorised strided kernel: 0 (broadcast) or 1 (contiguous).
 	inner uint8
+	// alias: an output may share the leaf's memory (each thread reads
+	// its elements before it writes them), so its pointer is not
+	// restricted.
+	alias bool
 }
 
 type ewNode struct {
@@ -504,6 +508,9 @@ func (s *ewSpec) key() string {
 	}
 	for _, l := range s.leaves {
 		fmt.Fprintf(&b, "%v%d%d,", l.dt, l.kind, l.inner)
+		if l.alias {
+			b.WriteString("a,")
+		}
 	}
 	b.WriteByte('|')
 	for _, n := range s.nodes {
@@ -615,7 +622,11 @@ func (s *ewSpec) source() (string, error) {
 func (s *ewSpec) ptrParams() []string {
 	var p []string
 	for j, l := range s.leaves {
-		p = append(p, fmt.Sprintf("const %s* __restrict__ in%d", cStore(l.dt), j))
+		restrict := " __restrict__"
+		if l.alias {
+			restrict = ""
+		}
+		p = append(p, fmt.Sprintf("const %s*%s in%d", cStore(l.dt), restrict, j))
 	}
 	for k, o := range s.outs {
 		p = append(p, fmt.Sprintf("%s* out%d", cStore(s.valDT(o)), k))

@@ -7,11 +7,31 @@
 // Linux, carry a stub whose New always returns ErrNoGPU.
 //
 // Each Backend owns one device through its primary context, bound to one OS
-// thread: a goroutine started by New locks itself to a thread and runs
-// every call the Backend receives, in order, so the Backend may be called
-// from any goroutine (calls are serialised). Work is queued on one stream;
-// Exec returns once the work is queued, Download and Sync wait for it.
-// Close stops the goroutine and releases the device.
+// thread: a goroutine started by New locks itself to a thread and issues
+// every driver call, in the order the Backend's callers made them. The
+// Backend may be called from any goroutine (calls are serialised), and
+// does on the caller's goroutine all it can: Alloc and Free take blocks
+// from the caching allocator's free lists, and go to the device thread
+// only for new memory from the driver; Exec and ExecFused check the op,
+// plan its kernels (an elementwise op or a reduction is planned once per
+// op and inputs' metas), compile and load kernels not loaded yet, and
+// queue the op's launches for the device thread without waiting for them.
+// Work runs on one stream in the order it was queued, so a block freed
+// while queued work still reads it can be handed out at once. Upload,
+// Download and Sync wait for the device thread; Download and Sync wait
+// for the stream too. Everything that depends on an op and its inputs
+// fails in Exec; a launch that the driver rejects once queued (in practice
+// a broken context) is reported by the next Sync, Download or
+// index-checking op, as an *AsyncError naming the op, whichever caller
+// that is. Close stops the goroutine and releases the device.
+//
+// Consecutive elementwise ops of one shape form a chain: their launches
+// are held back and issued as one fused kernel that writes every op's
+// output, once that kernel, compiled in the background the first time
+// the chain's form is seen, is loaded; until then they are launched one
+// by one. Both give the same bits. A chain is issued before any other
+// work (another op, Upload, Download, Sync, new memory), and holds at most
+// 16 ops (see WithChains).
 //
 // Kernels are CUDA C generated as Go strings and compiled at run time by
 // NVRTC for the device's compute capability; the images are cached by the
@@ -61,9 +81,9 @@
 // geometry (extents, strides, padding, dilation), so that their index
 // arithmetic has constant divisors.
 //
-// Device memory comes from a caching
-// allocator with size classes; host transfers go through pinned staging
-// buffers.
+// Device memory comes from a caching allocator with size classes; classes
+// up to 64 KiB are carved from 2 MiB slabs. Host transfers go through
+// pinned staging buffers.
 //
 // Random ops reproduce kernels.UniformAt and kernels.NormalAt bit for bit:
 // the generated code mixes the same splitmix64 counters and evaluates

@@ -52,3 +52,22 @@ func (e *Error) Is(target error) bool {
 	}
 	return false
 }
+
+// AsyncError is a failure of device work that Exec or ExecFused queued
+// and returned from: the driver rejected a launch, a copy or a cuBLAS call
+// when the device thread issued it. Exec checks everything that depends
+// on the op and its inputs before it returns, so in practice this means a
+// broken context, after which later work fails too. It is returned once,
+// by the next call that waits for the device (Sync, Download, or an op
+// that reads an index flag back); Op names the op that failed.
+type AsyncError struct {
+	Op  string
+	Err error
+}
+
+func (e *AsyncError) Error() string {
+	return fmt.Sprintf("cuda: %s (queued earlier) failed: %v", e.Op, e.Err)
+}
+
+// Unwrap returns the driver's error.
+func (e *AsyncError) Unwrap() error { return e.Err }

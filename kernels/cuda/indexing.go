@@ -56,9 +56,7 @@ func (b *Backend) indexOp(op *kernels.Op, inM []kernels.Meta, y kernels.Meta, in
 		return err
 	}
 	defer b.free(flag)
-	if err := memsetD8(flag.ptr, 0, 4, b.stream); err != nil {
-		return err
-	}
+	b.queueMemset(flag.ptr, 0, 4)
 	var key string
 	var gen func() string
 	var a kargs
@@ -118,10 +116,8 @@ func (b *Backend) indexOp(op *kernels.Op, inM []kernels.Meta, y kernels.Meta, in
 	if err != nil {
 		return err
 	}
-	if err := launch(f, b.launchGrid(n), blockSize, b.stream, &a); err != nil {
-		return err
-	}
-	bad, err := b.readFlag(flag)
+	b.queueLaunch(f, b.launchGrid(n), blockSize, &a)
+	bad, err := b.readFlag(flag, op.Name)
 	if err != nil {
 		return err
 	}
@@ -131,20 +127,32 @@ func (b *Backend) indexOp(op *kernels.Op, inM []kernels.Meta, y kernels.Meta, in
 	return nil
 }
 
-// readFlag waits for the work queued so far and returns the u32 at d.
-func (b *Backend) readFlag(d *buffer) (uint32, error) {
-	st, err := b.stage.take()
-	if err != nil {
-		return 0, err
-	}
-	if err := memcpyDtoH(st.host, d.ptr, 4, b.stream); err != nil {
-		return 0, err
-	}
-	if err := eventRecord(st.ev, b.stream); err != nil {
-		return 0, err
-	}
-	if err := eventSync(st.ev); err != nil {
-		return 0, err
-	}
-	return binary.LittleEndian.Uint32(st.bytes(4)), nil
+// readFlag queues the device calls of op recorded so far, waits for the
+// work queued and returns the u32 at d. A queued op that failed to launch,
+// and was not reported yet, fails it with an *AsyncError.
+func (b *Backend) readFlag(d *buffer, op string) (uint32, error) {
+	b.pushRun(op)
+	var v uint32
+	err := b.call(func() error {
+		if err := b.takeAsync(); err != nil {
+			return err
+		}
+		st, err := b.stage.take()
+		if err != nil {
+			return err
+		}
+		if err := memcpyDtoH(st.host, d.ptr, 4, b.stream); err != nil {
+			return err
+		}
+		if err := eventRecord(st.ev, b.stream); err != nil {
+			return err
+		}
+		if err := eventSync(st.ev); err != nil {
+			return err
+		}
+		st.busy = false
+		v = binary.LittleEndian.Uint32(st.bytes(4))
+		return nil
+	})
+	return v, err
 }

@@ -85,10 +85,11 @@ func (b *Backend) matmul(in []kernels.Meta, out kernels.Meta, inB []*buffer, out
 	dt := out.DType
 	es := uint64(dt.Size())
 	if p.k == 0 {
-		return memsetD8(outB.ptr, 0, out.Bytes(), b.stream)
+		b.queueMemset(outB.ptr, 0, out.Bytes())
+		return nil
 	}
 	if data, compute, ok := b.blasTypes(dt); ok {
-		if h, err := b.blas.handle(b); err == nil {
+		if h, err := b.blasHandle(); err == nil {
 			for _, c := range p.calls {
 				g := gemmArgs{
 					m: p.n, n: p.m, k: p.k,
@@ -97,9 +98,7 @@ func (b *Backend) matmul(in []kernels.Meta, out kernels.Meta, inB []*buffer, out
 					c: outB.ptr + uint64(c[2])*es, ldc: p.n, sc: p.sC,
 					count: p.count, dtype: data, compute: compute,
 				}
-				if err := gemm(h, &g); err != nil {
-					return err
-				}
+				b.queueGemm(h, g)
 			}
 			return nil
 		}
@@ -127,9 +126,7 @@ func (b *Backend) matmul(in []kernels.Meta, out kernels.Meta, inB []*buffer, out
 				a.i64(p.sB)
 				a.i64(p.sC)
 				grid := [3]uint32{uint32(ceilDiv(p.n, 16)), uint32(ceilDiv(nr, 16)), uint32(nz)}
-				if err := launch(f, grid, 256, b.stream, &a); err != nil {
-					return err
-				}
+				b.queueLaunch(f, grid, 256, &a)
 			}
 		}
 	}

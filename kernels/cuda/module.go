@@ -32,8 +32,9 @@ func (b *Backend) compileOptions() []string {
 	}
 }
 
-// function returns kernel key of this backend, generating, compiling and
-// loading it on first use.
+// function returns kernel key of this backend, generating and compiling
+// it on first use on the caller's goroutine, then loading it on the
+// device thread. The caller holds mu.
 func (b *Backend) function(key string, gen func() (string, error)) (cuFunction, error) {
 	if f, ok := b.fns[key]; ok {
 		return f, nil
@@ -46,12 +47,16 @@ func (b *Backend) function(key string, gen func() (string, error)) (cuFunction, 
 	if err != nil {
 		return nil, err
 	}
-	m, err := moduleLoad(img)
-	if err != nil {
-		return nil, err
-	}
-	b.mods = append(b.mods, m)
-	f, err := moduleFunction(m, kernelName)
+	var f cuFunction
+	err = b.call(func() error {
+		m, err := moduleLoad(img)
+		if err != nil {
+			return err
+		}
+		b.mods = append(b.mods, m)
+		f, err = moduleFunction(m, kernelName)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}

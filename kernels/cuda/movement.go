@@ -66,9 +66,7 @@ func (b *Backend) movement(op *kernels.Op, inM, want []kernels.Meta, inB, outB [
 		return err
 	}
 	for _, f := range fix {
-		if err := memcpyDtoD(f[0].ptr, f[1].ptr, f[0].n, b.stream); err != nil {
-			return err
-		}
+		b.queueCopy(f[0].ptr, f[1].ptr, f[0].n)
 	}
 	return nil
 }
@@ -86,7 +84,8 @@ func (b *Backend) moveOp(op *kernels.Op, inM, want []kernels.Meta, inB, outB []*
 		return b.generate(op, y, outB[0])
 	case kernels.OpSqueeze, kernels.OpUnsqueeze:
 		if n := y.Bytes(); n > 0 && inB[0].ptr != outB[0].ptr {
-			return memcpyDtoD(outB[0].ptr, inB[0].ptr, n, b.stream)
+			b.queueCopy(outB[0].ptr, inB[0].ptr, n)
+			return nil
 		}
 		return nil
 	case kernels.OpTril, kernels.OpTriu:
@@ -231,7 +230,8 @@ func (b *Backend) move(es int, dst uint64, dbase int, dstr []int, src uint64, sb
 		a.i64(ds[k])
 		a.i64(ss[k])
 	}
-	return launch(f, b.launchGrid(n), blockSize, b.stream, &a)
+	b.queueLaunch(f, b.launchGrid(n), blockSize, &a)
+	return nil
 }
 
 // tri queues tril or triu.
@@ -254,5 +254,6 @@ func (b *Backend) tri(op *kernels.Op, y kernels.Meta, in, out *buffer) error {
 	a.i64(rows)
 	a.i64(cols)
 	a.i64(max(-rows-1, min(op.K, cols+1)))
-	return launch(f, b.launchGrid(n), blockSize, b.stream, &a)
+	b.queueLaunch(f, b.launchGrid(n), blockSize, &a)
+	return nil
 }

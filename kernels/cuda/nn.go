@@ -59,7 +59,8 @@ func (b *Backend) nn(op *kernels.Op, inM []kernels.Meta, y kernels.Meta, inB []*
 	if err != nil || dst == out {
 		return err
 	}
-	return memcpyDtoD(out.ptr, dst.ptr, n, b.stream)
+	b.queueCopy(out.ptr, dst.ptr, n)
+	return nil
 }
 
 // convBLAS returns cuBLAS's handle and types for a convolution of dt:
@@ -70,7 +71,7 @@ func (b *Backend) convBLAS(name string, dt kernels.DType) (h blasHandle, data, c
 		return nil, 0, 0, fmt.Errorf("%w: %s in %v", kernels.ErrNotImplemented, name, dt)
 	}
 	data, compute, _ = b.blasTypes(dt)
-	if h, err = b.blas.handle(b); err != nil {
+	if h, err = b.blasHandle(); err != nil {
 		return nil, 0, 0, fmt.Errorf("%w: %s: %w", kernels.ErrNotImplemented, name, err)
 	}
 	return h, data, compute, nil
@@ -103,7 +104,8 @@ func (b *Backend) im2col(g *kernels.Window, es int, col, x uint64, nc int) error
 	a.ptr(col)
 	a.ptr(x)
 	a.idx(total, s.idx64)
-	return launch(f, b.launchGrid(total), blockSize, b.stream, &a)
+	b.queueLaunch(f, b.launchGrid(total), blockSize, &a)
+	return nil
 }
 
 // conv2d queues y = conv2d(x, w) (+ bias): per chunk of images, the
@@ -122,9 +124,7 @@ func (b *Backend) conv2d(op *kernels.Op, inM []kernels.Meta, y kernels.Meta, inB
 	es := dt.Size()
 	P, K, Og := g.OH*g.OW, g.C/g.Groups*g.KH*g.KW, g.O/g.Groups
 	if K == 0 {
-		if err := memsetD8(out.ptr, 0, y.Bytes(), b.stream); err != nil {
-			return err
-		}
+		b.queueMemset(out.ptr, 0, y.Bytes())
 	} else {
 		nc := convChunk(&g, es)
 		col, err := b.alloc(g.C * g.KH * g.KW * nc * P * es)
@@ -145,9 +145,7 @@ func (b *Backend) conv2d(op *kernels.Op, inM []kernels.Meta, y kernels.Meta, inB
 					c: out.ptr + uint64((n0*g.O*P+gi*Og*P)*es), ldc: P, sc: g.O * P,
 					count: m, dtype: data, compute: compute,
 				}
-				if err := gemm(h, &ga); err != nil {
-					return err
-				}
+				b.queueGemm(h, ga)
 			}
 		}
 	}
@@ -165,7 +163,8 @@ func (b *Backend) conv2d(op *kernels.Op, inM []kernels.Meta, y kernels.Meta, inB
 	a.idx(g.N*g.O, s.idx64)
 	a.idx(P, s.idx64)
 	a.idx(g.O, s.idx64)
-	return launch(f, rowGrid(g.N*g.O), blockSize, b.stream, &a)
+	b.queueLaunch(f, rowGrid(g.N*g.O), blockSize, &a)
+	return nil
 }
 
 // conv2dInputGrad queues dx = conv2d_input_grad(dy, w): per chunk of
@@ -185,7 +184,8 @@ func (b *Backend) conv2dInputGrad(op *kernels.Op, inM []kernels.Meta, dx kernels
 	es := dt.Size()
 	P, K, Og := g.OH*g.OW, g.C/g.Groups*g.KH*g.KW, g.O/g.Groups
 	if Og == 0 {
-		return memsetD8(out.ptr, 0, dx.Bytes(), b.stream)
+		b.queueMemset(out.ptr, 0, dx.Bytes())
+		return nil
 	}
 	nc := convChunk(&g, es)
 	dcol, err := b.alloc(g.C * g.KH * g.KW * nc * P * es)
@@ -205,9 +205,7 @@ func (b *Backend) conv2dInputGrad(op *kernels.Op, inM []kernels.Meta, dx kernels
 				c: dcol.ptr + uint64(gi*K*m*P*es), ldc: m * P, sc: P,
 				count: m, dtype: data, compute: compute,
 			}
-			if err := gemm(h, &ga); err != nil {
-				return err
-			}
+			b.queueGemm(h, ga)
 		}
 		s := col2imSpec{dt: dt, idx64: idx64, g: newGeom(&g, m)}
 		f, err := b.function(s.key(), func() (string, error) { return s.source(), nil })
@@ -219,9 +217,7 @@ func (b *Backend) conv2dInputGrad(op *kernels.Op, inM []kernels.Meta, dx kernels
 		a.ptr(out.ptr + uint64(n0*g.C*g.H*g.W*es))
 		a.ptr(dcol.ptr)
 		a.idx(total, s.idx64)
-		if err := launch(f, b.launchGrid(total), blockSize, b.stream, &a); err != nil {
-			return err
-		}
+		b.queueLaunch(f, b.launchGrid(total), blockSize, &a)
 	}
 	return nil
 }
@@ -243,7 +239,8 @@ func (b *Backend) conv2dWeightGrad(op *kernels.Op, inM []kernels.Meta, dw kernel
 	es := dt.Size()
 	P, K, Og := g.OH*g.OW, g.C/g.Groups*g.KH*g.KW, g.O/g.Groups
 	if g.N*P == 0 {
-		return memsetD8(out.ptr, 0, dw.Bytes(), b.stream)
+		b.queueMemset(out.ptr, 0, dw.Bytes())
+		return nil
 	}
 	nc := convChunk(&g, es)
 	col, err := b.alloc(g.C * g.KH * g.KW * nc * P * es)
@@ -273,9 +270,7 @@ func (b *Backend) conv2dWeightGrad(op *kernels.Op, inM []kernels.Meta, dw kernel
 		a.i64(g.O)
 		a.i64(m)
 		a.i64(P)
-		if err := launch(rf, rowGrid(m*g.O), blockSize, b.stream, &a); err != nil {
-			return err
-		}
+		b.queueLaunch(rf, rowGrid(m*g.O), blockSize, &a)
 		for gi := range g.Groups {
 			ga := gemmArgs{
 				ta: true, acc: n0 > 0,
@@ -285,9 +280,7 @@ func (b *Backend) conv2dWeightGrad(op *kernels.Op, inM []kernels.Meta, dw kernel
 				c: out.ptr + uint64(gi*Og*K*es), ldc: K,
 				count: 1, dtype: data, compute: compute,
 			}
-			if err := gemm(h, &ga); err != nil {
-				return err
-			}
+			b.queueGemm(h, ga)
 		}
 	}
 	return nil
@@ -312,7 +305,8 @@ func (b *Backend) pool(op *kernels.Op, inM []kernels.Meta, y kernels.Meta, inB [
 	a.ptr(out.ptr)
 	a.ptr(inB[0].ptr)
 	a.idx(total, s.idx64)
-	return launch(f, b.launchGrid(total), blockSize, b.stream, &a)
+	b.queueLaunch(f, b.launchGrid(total), blockSize, &a)
+	return nil
 }
 
 // poolGrad queues max_pool2d_grad(dy, x) or avg_pool2d_grad(dy). A max
@@ -337,9 +331,7 @@ func (b *Backend) poolGrad(op *kernels.Op, inM []kernels.Meta, dx kernels.Meta, 
 	case isMax && g.SH > (g.KH-1)*g.DH && g.SW > (g.KW-1)*g.DW:
 		tiled := g.DH == 1 && g.DW == 1 && g.SH == g.KH && g.SW == g.KW && g.PH == 0 && g.PW == 0 && g.OH*g.SH == g.H && g.OW*g.SW == g.W
 		if !tiled {
-			if err := memsetD8(out.ptr, 0, dx.Bytes(), b.stream); err != nil {
-				return err
-			}
+			b.queueMemset(out.ptr, 0, dx.Bytes())
 		}
 		s := poolScatterSpec{dt: dx.DType, idx64: idx64, g: newGeom(&g, 0)}
 		key, gen, x, n = s.key(), s.source, inB[1].ptr, inM[0].Numel()
@@ -362,7 +354,8 @@ func (b *Backend) poolGrad(op *kernels.Op, inM []kernels.Meta, dx kernels.Meta, 
 	a.ptr(inB[0].ptr)
 	a.ptr(x)
 	a.idx(n, idx64)
-	return launch(f, b.launchGrid(n), blockSize, b.stream, &a)
+	b.queueLaunch(f, b.launchGrid(n), blockSize, &a)
+	return nil
 }
 
 // crossEntropy queues cross_entropy or cross_entropy_grad and waits for
@@ -404,9 +397,7 @@ func (b *Backend) crossEntropy(op *kernels.Op, inM []kernels.Meta, y kernels.Met
 			return err
 		}
 		defer b.free(flag)
-		if err := memsetD8(flag.ptr, 0, 4, b.stream); err != nil {
-			return err
-		}
+		b.queueMemset(flag.ptr, 0, 4)
 		var a kargs
 		a.ptr(out.ptr)
 		if part != nil {
@@ -425,10 +416,8 @@ func (b *Backend) crossEntropy(op *kernels.Op, inM []kernels.Meta, y kernels.Met
 		a.i64(n)
 		a.i64(c)
 		grid := [3]uint32{uint32(min(ceilDiv(n, ceWarpsPerBlock), 32*max(b.sms, 1))), 1, 1}
-		if err := launch(f, grid, blockSize, b.stream, &a); err != nil {
-			return err
-		}
-		bad, err := b.readFlag(flag)
+		b.queueLaunch(f, grid, blockSize, &a)
+		bad, err := b.readFlag(flag, op.Name)
 		if err != nil {
 			return err
 		}
@@ -443,5 +432,6 @@ func (b *Backend) crossEntropy(op *kernels.Op, inM []kernels.Meta, y kernels.Met
 	a.ptr(out.ptr)
 	a.ptr(part.ptr)
 	a.i64(n)
-	return launch(fin, [3]uint32{1, 1, 1}, blockSize, b.stream, &a)
+	b.queueLaunch(fin, [3]uint32{1, 1, 1}, blockSize, &a)
+	return nil
 }

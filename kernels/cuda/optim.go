@@ -50,5 +50,6 @@ func (b *Backend) optimStep(op *kernels.Op, inM []kernels.Meta, inB, outB []*buf
 	if err != nil {
 		return err
 	}
-	return launch(f, [3]uint32{uint32(min(ceilDiv(n, blockSize), 1<<16)), 1, 1}, blockSize, b.stream, &a)
+	b.queueLaunch(f, [3]uint32{uint32(min(ceilDiv(n, blockSize), 1<<16)), 1, 1}, blockSize, &a)
+	return nil
 }

@@ -13,10 +13,19 @@ type options struct {
 	tf32     bool
 	cacheDir string
 	noDisk   bool
+	chains   bool
 }
 
 func defaultOptions() options {
-	return options{cacheDir: defaultCacheDir()}
+	return options{cacheDir: defaultCacheDir(), chains: true}
+}
+
+// WithChains sets whether consecutive elementwise ops of one shape are
+// launched as one fused kernel that writes every op's output, once that
+// kernel has been compiled in the background (see the package
+// documentation). On by default; the bits are the same either way.
+func WithChains(on bool) Option {
+	return func(o *options) error { o.chains = on; return nil }
 }
 
 // WithTF32 lets float32 matrix products run on the tensor cores with TF32

@@ -393,12 +393,19 @@ func (p *ewPlan) planReduce(domain, axes []int, leafStrides [][]int, sms int) {
 }
 
 // kargs packs kernel parameters: each is its own value in blob, at offs.
+// The first few live in the struct itself (b0, o0): a kargs is used by
+// pointer, never copied.
 type kargs struct {
 	blob []byte
 	offs []int32
+	b0   [128]byte
+	o0   [16]int32
 }
 
 func (a *kargs) put(v uint64, size int) {
+	if a.blob == nil {
+		a.blob, a.offs = a.b0[:0], a.o0[:0]
+	}
 	for len(a.blob)%size != 0 {
 		a.blob = append(a.blob, 0)
 	}

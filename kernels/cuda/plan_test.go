@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/jetfabric/jetfabric/kernels"
@@ -171,5 +172,46 @@ func TestPlanTranspose(t *testing.T) {
 	}
 	if p := planTranspose(m(4, 50, 60, 3), []int{0, 3, 2, 1}, m(4, 3, 60, 50)); p != nil {
 		t.Fatalf("not a transpose of the inner dims: %+v", p)
+	}
+}
+
+// TestAliasLeaf: a leaf that an output may share memory with is passed
+// as a plain pointer, and names another kernel.
+func TestAliasLeaf(t *testing.T) {
+	m := kernels.Meta{DType: kernels.Float32, Shape: []int{1000}}
+	g := &kernels.FusedGroup{Inputs: 2, Ops: []kernels.FusedOp{
+		{Op: kernels.Op{Name: kernels.OpAdd}, Args: []int{0, 1}},
+		{Op: kernels.Op{Name: kernels.OpMul}, Args: []int{2, 0}},
+	}, Results: []int{2, 3}}
+	p, err := planGroup(g, []kernels.Meta{m, m, m, m}, 132)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := p.spec.key()
+	src, err := p.spec.source()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.spec.leaves[1].alias = true
+	akey := p.spec.key()
+	asrc, err := p.spec.source()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if key == akey {
+		t.Errorf("the same key with and without an aliased leaf: %s", key)
+	}
+	for _, c := range []struct {
+		src, param string
+		want       bool
+	}{
+		{src, "const float* __restrict__ in1", true},
+		{asrc, "const float* __restrict__ in0", true},
+		{asrc, "const float* __restrict__ in1", false},
+		{asrc, "const float* in1", true},
+	} {
+		if strings.Contains(c.src, c.param) != c.want {
+			t.Errorf("%q in the source: %v, want %v", c.param, !c.want, c.want)
+		}
 	}
 }
