@@ -32,8 +32,9 @@ import (
 //     copies. Small tensors are copied into the manifest; a large tensor
 //     already in the last committed checkpoint is named by its digest; a
 //     new large one is pinned (a free waits until the writer is done with
-//     it, see memory.go), or, on a backend whose memory the host cannot
-//     read, downloaded by the loop.
+//     it, see memory.go); the writer reads it, from host memory or, on a
+//     backend whose memory the host cannot read (a GPU), by a download of
+//     its own, beside the loop.
 //   - A writer goroutine hashes each new large tensor and writes it as the
 //     object ckpt-<device>-t-<sha256> in FABRIC_CKPT, unless an object of
 //     that digest is already there; then the manifest as
@@ -71,6 +72,9 @@ type ckptSession struct {
 	Pending []codec.Error `cbor:"pending,omitempty"`
 	Tensors []ckptTensor  `cbor:"tensors,omitempty"`
 	Failed  []ckptFailed  `cbor:"failed,omitempty"`
+	// Frame is the number of the session's last frame run; 0 when it ran
+	// none that was numbered, or the checkpoint predates numbers.
+	Frame uint64 `cbor:"frame,omitempty"`
 }
 
 // ckptTensor is one tensor: in version 1 at Offset in the blob after the
@@ -148,7 +152,8 @@ type snapTensor struct {
 	off, n int    // n > 0: small
 	digest string // known: in the last committed checkpoint
 	// data is a large new tensor's bytes for the writer to hash and
-	// store: its host memory (pinned) or a copy.
+	// store: its host memory (pinned); nil with pinned set, the writer
+	// downloads them.
 	data   []byte
 	pinned bool
 }
@@ -157,6 +162,9 @@ type snapTensor struct {
 // in flight or nothing ran since the last checkpoint. Device loop only.
 // It reports false when a writer is in flight.
 func (d *device) startCheckpoint() bool {
+	if d.broken {
+		return true // the state is wrong: nothing of it is written
+	}
 	d.ck.mu.Lock()
 	busy := d.ck.done != nil
 	d.ck.mu.Unlock()
@@ -223,6 +231,9 @@ func (d *device) waitCheckpointCtx(ctx context.Context, abandon bool) {
 func (d *device) checkpoint(ctx context.Context) (*checkpointRef, error) {
 	d.waitCheckpointCtx(ctx, false)
 	d.drainFrees()
+	if d.broken {
+		return nil, errRestoreFailed
+	}
 	snap, err := d.snapshot()
 	if err != nil || snap == nil {
 		return nil, err
@@ -240,7 +251,10 @@ func (d *device) snapshot() (*ckptSnapshot, error) {
 	d.ck.mu.Lock()
 	last, digests := d.ck.seq, d.ck.digests
 	d.ck.mu.Unlock()
-	if seq == 0 || seq == last {
+	if seq == 0 || seq == last || d.holding() {
+		// While a session holds frames stored ahead of a missing one, the
+		// frames up to seq are not all run: a checkpoint there would lose
+		// the held ones. Holds last until the missing frame is stored.
 		return nil, nil
 	}
 	snap := &ckptSnapshot{seq: seq, lease: d.currentLease(), consumed: d.consumed}
@@ -250,7 +264,7 @@ func (d *device) snapshot() (*ckptSnapshot, error) {
 	snap.freed = append(snap.freed, d.live.order...)
 	b := d.cfg.Backend
 	for _, s := range d.sessions {
-		ss := snapSession{ckptSession: ckptSession{ID: s.id, Seed: s.seed, Pending: append([]codec.Error(nil), s.pending...)}}
+		ss := snapSession{ckptSession: ckptSession{ID: s.id, Seed: s.seed, Frame: s.frame, Pending: append([]codec.Error(nil), s.pending...)}}
 		ss.tensors = make([]snapTensor, 0, len(s.tensors))
 		for id, e := range s.tensors {
 			if e.fail != nil {
@@ -275,17 +289,8 @@ func (d *device) snapshot() (*ckptSnapshot, error) {
 			case known:
 				st.digest = dg
 			default:
-				if h := hostView(e.t); h != nil {
-					d.mem.pin(e.t.Buf)
-					st.data, st.pinned = h, true
-				} else {
-					st.data = make([]byte, n)
-					if err := b.Download(st.data, e.t.Buf); err != nil {
-						d.unpinTensors(ss.tensors)
-						d.unpinSnapshot(snap)
-						return nil, fmt.Errorf("worker: checkpoint %s: download tensor %d: %w", d.cfg.Name, id, err)
-					}
-				}
+				d.mem.pin(e.t.Buf)
+				st.data, st.pinned = hostView(e.t), true
 			}
 			ss.tensors = append(ss.tensors, st)
 		}
@@ -349,6 +354,7 @@ func (d *device) writeCheckpoint(ctx context.Context, snap *ckptSnapshot) (ref *
 		}
 	}()
 	var wrote int64
+	var staged []byte // a download of a tensor the host cannot read, reused
 	for i := range snap.sessions {
 		ss := &snap.sessions[i]
 		cs := ss.ckptSession
@@ -359,11 +365,19 @@ func (d *device) writeCheckpoint(ctx context.Context, snap *ckptSnapshot) (ref *
 			if st.n > 0 {
 				ct.Data = snap.small[st.off : st.off+st.n]
 			}
-			if st.data != nil {
+			if st.pinned { // a large new tensor: the writer stores it
+				data := st.data
+				if data == nil {
+					staged = slices.Grow(staged[:0], st.t.Bytes())[:st.t.Bytes()]
+					if err := d.cfg.Backend.Download(staged, st.t.Buf); err != nil {
+						return nil, fmt.Errorf("worker: checkpoint %s: download tensor %d: %w", d.cfg.Name, st.id, err)
+					}
+					data = staged
+				}
 				// The object is named by the digest computed beside the
 				// write; bytes stored under that name already (the same
 				// content in another tensor) stop the write early.
-				info, err := d.w.ckpt.Put(ctx, "", st.data, map[string]string{"device": d.cfg.Name},
+				info, err := d.w.ckpt.Put(ctx, "", data, map[string]string{"device": d.cfg.Name},
 					objectstore.WithNameFromDigest(func(sum [sha256.Size]byte) string {
 						return tensorObject(d.cfg.Name, hex.EncodeToString(sum[:]))
 					}))
@@ -373,13 +387,10 @@ func (d *device) writeCheckpoint(ctx context.Context, snap *ckptSnapshot) (ref *
 				ct.Digest = info.SHA256
 				if !have[ct.Digest] && !refs[ct.Digest] {
 					written = append(written, info.Name)
-					wrote += int64(len(st.data))
+					wrote += int64(len(data))
 				}
-				if st.pinned {
-					d.mem.unpin(st.t.Buf)
-					st.pinned = false
-				}
-				st.data = nil
+				d.mem.unpin(st.t.Buf)
+				st.pinned, st.data = false, nil
 			}
 			if ct.Digest != "" {
 				refs[ct.Digest] = true
@@ -414,8 +425,10 @@ func (d *device) writeCheckpoint(ctx context.Context, snap *ckptSnapshot) (ref *
 	d.ck.seq, d.ck.object, d.ck.digests, d.ck.objects = snap.seq, name, digests, refs
 	d.ck.mu.Unlock()
 	if stream, err := d.w.js.Stream(ctx, d.w.names.OpsStream()); err == nil {
-		if err := stream.Purge(ctx, jetstream.WithPurgeSubject(d.w.names.OpsDevice(d.cfg.Name)), jetstream.WithPurgeSequence(snap.seq+1)); err != nil {
-			d.w.logf("worker: %s: purge frames below %d: %v", d.cfg.Name, snap.seq+1, err)
+		for _, filter := range d.opsFilters() {
+			if err := stream.Purge(ctx, jetstream.WithPurgeSubject(filter), jetstream.WithPurgeSequence(snap.seq+1)); err != nil {
+				d.w.logf("worker: %s: purge frames below %d: %v", d.cfg.Name, snap.seq+1, err)
+			}
 		}
 	}
 	if oldObject != "" && oldObject != name {
@@ -534,41 +547,39 @@ func (d *device) restore(ctx context.Context) (uint64, error) {
 	now := time.Now()
 	digests := map[*kernels.Tensor]string{}
 	objects := map[string]bool{}
-	// Tensor objects are read several at a time once every tensor is
-	// allocated; upload serialises the backend's uploads.
-	var fetches []func() error
-	var upload sync.Mutex
+	// Tensor objects are read in the background once the device serves
+	// (see restore.go).
+	var lazy []*lazyTensor
+	var lazyBytes int64
 	for _, cs := range man.Sessions {
 		s := newSession(cs.ID)
 		s.seed, s.pending, s.last = cs.Seed, cs.Pending, now
+		s.frame, s.loose = cs.Frame, cs.Frame == 0
+		if s.tenant = subjects.SessionTenant(cs.ID); s.tenant != "" {
+			s.st, _, _ = d.w.tenant(s.tenant)
+		}
 		for _, f := range cs.Failed {
 			err := f.Err
 			s.tensors[f.ID] = entry{fail: &err}
 		}
 		d.sessions[cs.ID] = s
 		for _, ct := range cs.Tensors {
-			t, fetch, err := d.restoreTensor(ctx, magic, ct, data, &upload)
+			t, read, err := d.restoreTensor(magic, ct, data)
 			if err != nil {
 				return 0, fmt.Errorf("worker: %s: checkpoint %s: tensor %d: %w", d.cfg.Name, ref.Object, ct.ID, err)
 			}
-			if fetch != nil {
-				fetches = append(fetches, func() error {
-					if err := fetch(); err != nil {
-						return fmt.Errorf("worker: %s: checkpoint %s: tensor %d: %w", d.cfg.Name, ref.Object, ct.ID, err)
-					}
-					return nil
-				})
+			if read != nil {
+				lazy = append(lazy, &lazyTensor{t: t, id: ct.ID, read: read, done: make(chan struct{})})
+				lazyBytes += int64(t.Buf.Bytes())
 			}
 			s.tensors[ct.ID] = entry{t: t}
-			s.bytes += int64(t.Buf.Bytes())
+			s.addBytes(int64(t.Buf.Bytes()))
 			if ct.Digest != "" {
 				digests[t], objects[ct.Digest] = ct.Digest, true
 			}
 		}
 	}
-	if err := runAll(fetches, restoreReaders); err != nil {
-		return 0, err
-	}
+	d.startLazy(lazy, lazyBytes)
 	for _, id := range man.Freed {
 		d.noteFreed(id, now)
 	}
@@ -579,47 +590,10 @@ func (d *device) restore(ctx context.Context) (uint64, error) {
 	return man.Seq, nil
 }
 
-// restoreReaders is how many tensor objects a restore reads at once.
-const restoreReaders = 4
-
-// runAll runs fns, n at a time, and returns the first error.
-func runAll(fns []func() error, n int) error {
-	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		first error
-		next  int
-	)
-	for range min(n, len(fns)) {
-		wg.Go(func() {
-			for {
-				mu.Lock()
-				if next == len(fns) || first != nil {
-					mu.Unlock()
-					return
-				}
-				fn := fns[next]
-				next++
-				mu.Unlock()
-				if err := fn(); err != nil {
-					mu.Lock()
-					if first == nil {
-						first = err
-					}
-					mu.Unlock()
-				}
-			}
-		})
-	}
-	wg.Wait()
-	return first
-}
-
 // restoreTensor makes one tensor of a checkpoint: from data at its offset
 // (version 1), inline, or from its object (version 2). For an object it
-// allocates the tensor and returns fetch, which reads the object into it
-// (the backend's uploads under upload).
-func (d *device) restoreTensor(ctx context.Context, magic string, ct ckptTensor, data []byte, upload *sync.Mutex) (t *kernels.Tensor, fetch func() error, err error) {
+// allocates the tensor and returns read, which reads the object into it.
+func (d *device) restoreTensor(magic string, ct ckptTensor, data []byte) (t *kernels.Tensor, read func(context.Context) error, err error) {
 	m := kernels.Meta{DType: kernels.DType(ct.DType), Shape: ct.Shape}
 	if !m.DType.Valid() {
 		return nil, nil, fmt.Errorf("dtype %d", ct.DType)
@@ -643,7 +617,11 @@ func (d *device) restoreTensor(ctx context.Context, magic string, ct ckptTensor,
 		}
 		src = ct.Data
 	}
-	buf, err := d.cfg.Backend.Alloc(n)
+	alloc := d.cfg.Backend.Alloc
+	if u, ok := d.cfg.Backend.(uninitAllocator); ok && fromObject {
+		alloc = u.AllocUninit // the read writes every byte
+	}
+	buf, err := alloc(n)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -656,9 +634,9 @@ func (d *device) restoreTensor(ctx context.Context, magic string, ct ckptTensor,
 		}
 		return t, nil, nil
 	}
-	// The tensor is in the session table before it is fetched: a failed
-	// fetch fails the restore, and the step down frees it.
-	return t, func() error {
+	// The tensor is in the session table before it is read (see
+	// restore.go): the step down frees it if the read fails.
+	return t, func(ctx context.Context) error {
 		name := tensorObject(d.cfg.Name, ct.Digest)
 		var info objectstore.Info
 		var err error
@@ -673,8 +651,8 @@ func (d *device) restoreTensor(ctx context.Context, magic string, ct ckptTensor,
 		if err != nil || src == nil {
 			return err
 		}
-		upload.Lock()
-		defer upload.Unlock()
+		d.uploadMu.Lock()
+		defer d.uploadMu.Unlock()
 		return d.cfg.Backend.Upload(buf, src)
 	}, nil
 }

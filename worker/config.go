@@ -110,6 +110,16 @@ type Config struct {
 	// how long a reader copying an object while it is written waits for
 	// the next chunk before it decides that the writer stopped.
 	ObjectTimeout time.Duration
+	// Tenants serves the tenants' sessions beside the single-user ones
+	// (see package tenant): frames on fabric.t.<tenant>.ops.<device>.<session>,
+	// answered only under the tenant's inbox, objects in the tenant's
+	// bucket, quotas from the tenant records in the control bucket. The
+	// worker must connect as the fabric's service user.
+	Tenants bool
+	// TenantIssuer is the public key of the fabric's account, with
+	// Tenants: only tenant records it signed are accepted (see package
+	// tenant). The issuer of the service user's JWT.
+	TenantIssuer string
 	// Logf receives operational messages (nil: none).
 	Logf func(format string, args ...any)
 }
@@ -139,6 +149,9 @@ func (c Config) Validate() error {
 	}
 	if len(c.Devices) == 0 && len(c.Jobs) == 0 {
 		return fmt.Errorf("%w: no devices and no jobs", ErrInvalidConfig)
+	}
+	if c.Tenants && c.TenantIssuer == "" {
+		return fmt.Errorf("%w: tenants need the fabric account's public key, which signs their records", ErrInvalidConfig)
 	}
 	if c.Adopt != nil {
 		if err := c.Adopt.validate(); err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -67,6 +68,14 @@ type device struct {
 
 	// ck is the checkpoint bookkeeping (checkpoint.go).
 	ck ckptState
+	// lazy is the background read of the last restore's tensors, nil
+	// once done (restore.go); uploadMu serialises its uploads on a
+	// backend whose memory the host cannot write. broken: a read failed,
+	// the device's state is wrong until it is taken over again. Device
+	// loop only, but for what lazyRestore shares with its readers.
+	lazy     *lazyRestore
+	uploadMu sync.Mutex
+	broken   bool
 	// consumed are transfer objects this device read last; deleted once a
 	// checkpoint covers the ops that read them.
 	consumed []string
@@ -87,6 +96,8 @@ type device struct {
 	// fuseFailed: a fused group failed other than by ErrNotImplemented
 	// (logged once).
 	fuseFailed bool
+	// held counts the frames the sessions hold (see order). Device loop only.
+	held int
 }
 
 func newDevice(w *Worker, cfg Device) *device {
@@ -116,10 +127,16 @@ func (d *device) serve(ready chan<- error) {
 	defer once()
 	// Heartbeats are recorded whether the device serves or stands by:
 	// a standby that takes over knows which clients are alive.
-	if sub, err := w.nc.Subscribe(w.names.AliveDevice(d.cfg.Name), d.onAlive); err != nil {
-		w.logf("worker: %s: subscribe to session heartbeats: %v", d.cfg.Name, err)
-	} else {
-		defer func() { _ = sub.Unsubscribe() }()
+	alive := []string{w.names.AliveDevice(d.cfg.Name)}
+	if w.cfg.Tenants {
+		alive = append(alive, w.names.TenantAliveDevice(d.cfg.Name))
+	}
+	for _, subj := range alive {
+		if sub, err := w.nc.Subscribe(subj, d.onAlive); err != nil {
+			w.logf("worker: %s: subscribe to session heartbeats: %v", d.cfg.Name, err)
+		} else {
+			defer func() { _ = sub.Unsubscribe() }()
+		}
 	}
 	for {
 		actx, acancel := w.ctx, context.CancelFunc(func() {})
@@ -142,7 +159,14 @@ func (d *device) serve(ready chan<- error) {
 		d.mu.Lock()
 		d.lease = l
 		d.mu.Unlock()
+		// The lease is renewed from here on: a restore may take longer
+		// than its TTL, and a standby must not take the device meanwhile.
+		renewStop := make(chan struct{})
+		var renew sync.WaitGroup
+		renew.Go(func() { d.renewLoop(l, renewStop) })
 		if err := d.takeOver(w.ctx); err != nil {
+			close(renewStop)
+			renew.Wait()
 			if w.ctx.Err() != nil {
 				d.stepDown(true)
 				d.close()
@@ -159,9 +183,6 @@ func (d *device) serve(ready chan<- error) {
 			continue
 		}
 		once()
-		renewStop := make(chan struct{})
-		var renew sync.WaitGroup
-		renew.Go(func() { d.renewLoop(l, renewStop) })
 		lost := d.run()
 		close(renewStop)
 		renew.Wait()
@@ -171,19 +192,42 @@ func (d *device) serve(ready chan<- error) {
 			return
 		default:
 		}
-		if lost {
+		broken := d.broken
+		switch {
+		case broken:
+			// Logged by restoreFailed. A read of the checkpoint failed:
+			// after a lease TTL, in which a standby may take the device,
+			// it is taken over again.
+		case lost:
 			// The lease is still ours: taking it again is immediate, and
 			// the device resumes from its last checkpoint on a new consumer.
 			w.logf("worker: %s: consumer lost; taking the device over again", d.cfg.Name)
-		} else {
+		default:
 			w.logf("worker: %s: lease lost; stepping down to standby", d.cfg.Name)
 		}
 		d.stepDown(false)
+		if broken {
+			select {
+			case <-w.stop:
+				d.close()
+				return
+			case <-time.After(w.cfg.LeaseTTL):
+			}
+		}
 		if d.adopting && !lost {
 			d.close()
 			return
 		}
 	}
+}
+
+// opsFilters are the subjects of the device's frames: the single-user
+// sessions', and with tenants every tenant's.
+func (d *device) opsFilters() []string {
+	if d.w.cfg.Tenants {
+		return []string{d.w.names.OpsDevice(d.cfg.Name), d.w.names.TenantOpsDevice(d.cfg.Name)}
+	}
+	return []string{d.w.names.OpsDevice(d.cfg.Name)}
 }
 
 // takeOver restores the last checkpoint and opens the feed after it.
@@ -204,7 +248,7 @@ func (d *device) takeOver(ctx context.Context) error {
 	// The first frame says whether there are frames to catch up on.
 	d.replay.on, d.replay.first, d.replay.restoredAt = false, true, from
 	sessions := len(d.sessions)
-	f, err := startFeed(ctx, w.js, w.names.OpsStream(), w.names.OpsDevice(d.cfg.Name), d.cfg.Name, from, d.frame, w.logf)
+	f, err := startFeed(ctx, w.js, w.names.OpsStream(), d.opsFilters(), d.cfg.Name, from, d.frame, &d.m, w.logf)
 	if err != nil {
 		d.loop.Unlock()
 		return fmt.Errorf("worker: %s: %w", d.cfg.Name, err)
@@ -252,8 +296,12 @@ func (d *device) finish() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var errs []error
-	if _, err := d.checkpoint(ctx); err != nil {
-		errs = append(errs, err)
+	// Nothing of a state that a failed restore left is written: the next
+	// owner restores the last checkpoint and replays.
+	if !d.broken {
+		if _, err := d.checkpoint(ctx); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if err := d.w.register(ctx, d, "stopped"); err != nil {
 		errs = append(errs, err)
@@ -279,14 +327,17 @@ func (d *device) stepDown(release bool) {
 		cancel()
 	}
 	d.waitCheckpoint(true)
+	d.stopLazy()
 	d.drainFrees()
 	for id, s := range d.sessions {
 		s.freeAll(d)
 		delete(d.sessions, id)
 	}
+	d.held = 0
 	d.sessionCount.Store(0)
 	d.noteSessions()
 	d.applied.Store(0)
+	d.broken = false
 	d.resetCheckpoints()
 	d.consumed = nil
 	d.live.freed, d.live.order = nil, nil
@@ -323,7 +374,7 @@ func (d *device) run() (lost bool) {
 				d.w.logf("worker: %s: consumer after sequence %d: %v", d.cfg.Name, d.applied.Load(), err)
 				return true
 			}
-			return false
+			return d.broken // a failed restore: take the device over again
 		case <-stop: // stopped before the feed was there to halt
 			f.Stop()
 			stop = nil
@@ -342,6 +393,7 @@ func (d *device) frame(msg jetstream.Msg, md *jetstream.MsgMetadata) {
 	d.handle(msg, md)
 	now := time.Now()
 	d.lastFrame, d.trimmed = now, false
+	d.m.lastFrame.Store(now.UnixNano())
 	d.housekeep(now)
 }
 
@@ -349,6 +401,7 @@ func (d *device) frame(msg jetstream.Msg, md *jetstream.MsgMetadata) {
 // and frees idle sessions once a second. Under loop.
 func (d *device) housekeep(now time.Time) {
 	d.drainFrees()
+	d.checkLazy()
 	if iv := d.w.cfg.CheckpointInterval; d.ck.wanted || (iv > 0 && now.Sub(d.lastCkpt) >= iv) {
 		// While a checkpoint is written the device goes on; the next one
 		// starts at a housekeeping after it.
@@ -378,11 +431,13 @@ func (d *device) halt() {
 // close frees every session and closes the backend. Called after run returned.
 func (d *device) close() {
 	d.waitCheckpoint(true)
+	d.stopLazy()
 	d.drainFrees()
 	for id, s := range d.sessions {
 		s.freeAll(d)
 		delete(d.sessions, id)
 	}
+	d.held = 0
 	d.sessionCount.Store(0)
 	d.noteSessions()
 	if c, ok := d.cfg.Backend.(io.Closer); ok {
@@ -399,6 +454,7 @@ func (d *device) evictIdle(now time.Time) {
 		if seen := d.lastSeen(s); now.Sub(seen) > limit {
 			d.w.logf("worker: %s: session %s idle for %v, freeing %d tensors", d.cfg.Name, id, now.Sub(seen).Round(time.Second), len(s.tensors))
 			s.freeAll(d)
+			d.dropHeld(s)
 			delete(d.sessions, id)
 			d.noteFreed(id, now)
 		}
@@ -432,17 +488,35 @@ func (d *device) handle(msg jetstream.Msg, md *jetstream.MsgMetadata) {
 	hdr := msg.Headers()
 	reply := hdr.Get(subjects.HeaderReply)
 	enc, encErr := codec.EncodingOf(hdr.Get(subjects.HeaderContentType))
-	fail := func(code, format string, args ...any) codec.Error {
-		d.m.countError(code)
-		d.m.frames.Add(1)
-		e := codec.Error{Seq: seq, Code: code, Message: fmt.Sprintf(format, args...)}
-		d.reply(reply, enc, &codec.Result{V: codec.Version, Seq: seq, Errors: []codec.Error{e}})
-		return e
-	}
-	_, sid, err := d.w.names.ParseOps(msg.Subject())
+	tn, sid, err := d.parseFrame(msg.Subject())
 	if err != nil {
-		fail(codec.CodeMalformed, "%v", err)
+		if d.w.cfg.Tenants {
+			reply, _ = d.tenantReply(d.w.names.SubjectTenant(msg.Subject()), reply)
+		}
+		d.failFrame(seq, reply, enc, codec.CodeMalformed, "%v", err)
 		return
+	}
+	var st *tenantState
+	if tn != "" {
+		reply, _ = d.tenantReply(tn, reply)
+		var rec *codec.Tenant
+		refuse := func(code, format string, args ...any) {
+			d.m.frames.Add(1)
+			d.refuseFrame(msg.Data(), seq, reply, enc, encErr, codec.Error{Seq: seq, Code: code, Message: fmt.Sprintf(format, args...)})
+		}
+		if st, rec, err = d.w.tenant(tn); err != nil {
+			refuse(codec.CodePermission, "%v", err)
+			return
+		}
+		// Replayed frames were allowed once: a catch-up is not rated.
+		if !d.replay.on && !st.allowFrame(rec, time.Now()) {
+			refuse(codec.CodeQuota, "tenant %s's frame quota: over %g frames per second on this worker; the frame was not run", tn, rec.FPS)
+			return
+		}
+		if _, ok := d.sessions[sid]; !ok && rec.Sessions > 0 && d.tenantSessions(tn) >= rec.Sessions {
+			refuse(codec.CodeQuota, "tenant %s's session quota: %d live sessions on device %s; the frame was not run", tn, rec.Sessions, d.cfg.Name)
+			return
+		}
 	}
 	s, ok := d.sessions[sid]
 	if !ok {
@@ -452,17 +526,142 @@ func (d *device) handle(msg jetstream.Msg, md *jetstream.MsgMetadata) {
 			return
 		}
 		if len(d.sessions) >= d.w.cfg.Limits.MaxSessions {
-			fail(codec.CodeLimit, "device %s has %d sessions, the limit", d.cfg.Name, len(d.sessions))
+			d.failFrame(seq, reply, enc, codec.CodeLimit, "device %s has %d sessions, the limit", d.cfg.Name, len(d.sessions))
 			return
 		}
 		s = newSession(sid)
+		s.tenant, s.st = tn, st
 		d.sessions[sid] = s
 		d.sessionCount.Store(int64(len(d.sessions)))
 	}
 	s.last = time.Now()
-	if encErr != nil {
-		s.pending = append(s.pending, fail(codec.CodeMalformed, "%v", encErr))
+	n, numbered := frameNumber(hdr)
+	if !numbered {
+		d.run1(s, msg, seq)
 		return
+	}
+	d.order(s, msg, seq, n)
+}
+
+// maxHeld bounds the frames, and heldBytes their bytes, that a session
+// holds while it waits for a missing one; past either it goes on without
+// the missing frames.
+const (
+	maxHeld   = 4096
+	heldBytes = 256 << 20
+)
+
+// order runs a session's numbered frames in the order of their numbers.
+// The client numbers a session's frames from 1 and publishes each until
+// the stream stores it, retrying with the same Nats-Msg-Id, so the stream
+// holds each frame once within its duplicate window; but a frame stored on
+// a retry (its first publish lost with a stream leader that stepped down)
+// lands after frames published later. Frames ahead of a missing one are
+// held until it comes; a frame whose number was run already (a retry
+// stored past the duplicate window) is dropped. Which frames run, and in
+// which order, depends only on the stream's content, so a replay after a
+// takeover runs the same. While a session holds frames the device takes
+// no checkpoint (see snapshot).
+func (d *device) order(s *session, msg jetstream.Msg, seq, n uint64) {
+	switch {
+	case s.loose:
+		s.loose = false
+	case n <= s.frame:
+		d.m.duplicates.Add(1)
+		return // run already
+	case n > s.frame+1:
+		if _, dup := s.held[n]; dup {
+			d.m.duplicates.Add(1)
+			return
+		}
+		if len(s.held) == 0 {
+			d.w.logf("worker: %s: session %s: frame %d stored before frame %d; holding it until frame %d comes", d.cfg.Name, s.id, n, s.frame+1, s.frame+1)
+		}
+		if s.held == nil {
+			s.held = map[uint64]heldFrame{}
+		}
+		s.held[n] = heldFrame{msg: msg, seq: seq}
+		s.heldSize += len(msg.Data())
+		d.held++
+		if len(s.held) <= maxHeld && s.heldSize <= heldBytes {
+			return
+		}
+		// The missing frames are not coming: go on without them.
+		lo := n
+		for k := range s.held {
+			lo = min(lo, k)
+		}
+		lost := codec.Error{Seq: seq, Code: codec.CodeFrameLost, Message: fmt.Sprintf(
+			"frames %d to %d of session %s never reached the stream; %d later frames went on without them", s.frame+1, lo-1, s.id, len(s.held))}
+		d.w.logf("worker: %s: %s", d.cfg.Name, lost.Message)
+		s.pending = append(s.pending, lost)
+		s.frame = lo - 1
+		d.release(s)
+		return
+	}
+	s.frame = n
+	if !d.run1(s, msg, seq) {
+		d.release(s)
+	}
+}
+
+// release runs the held frames that follow the session's last one.
+func (d *device) release(s *session) {
+	for len(s.held) > 0 {
+		h, ok := s.held[s.frame+1]
+		if !ok {
+			return
+		}
+		delete(s.held, s.frame+1)
+		s.heldSize -= len(h.msg.Data())
+		d.held--
+		s.frame++
+		if d.run1(s, h.msg, h.seq) {
+			return
+		}
+	}
+}
+
+// dropHeld forgets a session's held frames (the session is gone).
+func (d *device) dropHeld(s *session) {
+	d.held -= len(s.held)
+	s.held, s.heldSize = nil, 0
+}
+
+// holding reports whether any session holds frames. Device loop only.
+func (d *device) holding() bool { return d.held > 0 }
+
+// frameNumber reads a frame's number (header Fabric-Frame).
+func frameNumber(h nats.Header) (uint64, bool) {
+	v := h.Get(subjects.HeaderFrame)
+	if v == "" {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil || n == 0 {
+		return 0, false
+	}
+	return n, true
+}
+
+// failFrame answers a frame that no session takes with one error.
+func (d *device) failFrame(seq uint64, reply string, enc codec.Encoding, code, format string, args ...any) codec.Error {
+	d.m.countError(code)
+	d.m.frames.Add(1)
+	e := codec.Error{Seq: seq, Code: code, Message: fmt.Sprintf(format, args...)}
+	d.reply(reply, enc, &codec.Result{V: codec.Version, Seq: seq, Errors: []codec.Error{e}})
+	return e
+}
+
+// run1 runs one frame of session s, stored at seq; it reports whether the
+// frame closed the session.
+func (d *device) run1(s *session, msg jetstream.Msg, seq uint64) (closed bool) {
+	hdr := msg.Headers()
+	reply := hdr.Get(subjects.HeaderReply)
+	enc, encErr := codec.EncodingOf(hdr.Get(subjects.HeaderContentType))
+	if encErr != nil {
+		s.pending = append(s.pending, d.failFrame(seq, reply, enc, codec.CodeMalformed, "%v", encErr))
+		return false
 	}
 	frame, err := codec.DecodeFrame(enc, msg.Data())
 	if err != nil {
@@ -473,12 +672,14 @@ func (d *device) handle(msg jetstream.Msg, md *jetstream.MsgMetadata) {
 		case errors.Is(err, codec.ErrTooManyOps):
 			code = codec.CodeLimit
 		}
-		s.pending = append(s.pending, fail(code, "%v", err))
-		return
+		s.pending = append(s.pending, d.failFrame(seq, reply, enc, code, "%v", err))
+		return false
 	}
-	x := exec{d: d, s: s, seq: seq, reply: reply, enc: enc}
-	start, n, closed := time.Now(), 0, false
+	reply, badReply := d.tenantReply(s.tenant, reply)
+	x := exec{d: d, s: s, seq: seq, reply: reply, badReply: badReply, enc: enc}
+	start, n := time.Now(), 0
 	f, _ := d.cfg.Backend.(fuser)
+	rl, _ := d.cfg.Backend.(reluer)
 	var uses map[uint64][]int
 	if f != nil && !d.w.cfg.NoFusion {
 		uses = frameUses(frame.Ops)
@@ -489,15 +690,46 @@ func (d *device) handle(msg jetstream.Msg, md *jetstream.MsgMetadata) {
 				n += k
 				continue
 			}
+			if rl != nil {
+				if k := x.withRelu(rl, frame.Ops, uses, n); k > 0 {
+					n += k
+					continue
+				}
+			}
 		}
 		closed = x.op(n, &frame.Ops[n])
 		n++
 	}
 	d.m.frameDone(n, time.Since(start), &x.io)
 	if closed {
-		delete(d.sessions, sid)
+		d.dropHeld(s)
+		delete(d.sessions, s.id)
 		d.sessionCount.Store(int64(len(d.sessions)))
 	}
+	return closed
+}
+
+// tenantReply returns the subject on which a frame of tenant is answered:
+// its Fabric-Reply when that lies under the tenant's inbox, where NATS lets
+// no one else subscribe; else none, and the subject refused. Frames of the
+// single-user layout (tenant "") are answered where they ask.
+func (d *device) tenantReply(tenant, reply string) (answer, refused string) {
+	if reply == "" || d.w.names.InTenantInbox(tenant, reply) {
+		return reply, ""
+	}
+	return "", reply
+}
+
+// parseFrame returns the tenant ("" for none) and the session key (see
+// subjects.SessionKey) of a frame's subject. Without Config.Tenants only
+// the single-user layout is accepted.
+func (d *device) parseFrame(subject string) (tenant, key string, err error) {
+	if !d.w.cfg.Tenants {
+		_, sid, err := d.w.names.ParseOps(subject)
+		return "", sid, err
+	}
+	tenant, _, sid, err := d.w.names.ParseFrame(subject)
+	return tenant, subjects.SessionKey(tenant, sid), err
 }
 
 // replayed ends the catch-up after a takeover: every frame that was in the
@@ -512,7 +744,7 @@ func (d *device) replayed() {
 
 // reply publishes r on subject; errors are logged, never fatal.
 func (d *device) reply(subject string, enc codec.Encoding, r *codec.Result) {
-	if subject == "" {
+	if subject == "" || d.broken {
 		return
 	}
 	b, err := codec.Marshal(enc, r)

@@ -47,12 +47,24 @@
 //
 // Checkpoints are written beside the device loop (checkpoint.go): the loop
 // takes a snapshot of references and goes on; a goroutine writes it.
-// Lease renewals (lease.go), registry heartbeats and session heartbeats
-// run on goroutines of their own and never take the loop.
+// A takeover restores lazily (restore.go): the device serves once the
+// manifest is in, and its large tensors are read in the background, an op
+// that needs one waiting for it. Lease renewals (lease.go), registry
+// heartbeats and session heartbeats run on goroutines of their own and
+// never take the loop; the lease is renewed during a takeover too. While
+// the process's workers hold tensors, GOGC follows their bytes (gc.go).
+//
+// With Config.Tenants (tenants.go) the devices also take the tenants'
+// frames, fabric.t.<tenant>.ops.<device>.<session>: the session is keyed by
+// tenant and token, answered only under the tenant's inbox, its objects in
+// the tenant's bucket, its quotas those of the tenant's record, which the
+// worker takes from the control bucket only when the fabric's account
+// signed it.
 //
 // Locks: device.loop (held while a frame runs or the loop keeps house) may
 // be held while taking device.mu or lease.mu (which serialises the lease's
 // compare-and-set writes, over the network). device.ck.mu, device.mem.mu
-// and device.aliveMu are leaves, held only to read or update fields. Stop ends every device loop, marks the
+// and device.aliveMu are leaves, held only to read or update fields, as are
+// the worker's tenants.mu and a tenant's fpsMu (taken under device.loop). Stop ends every device loop, marks the
 // devices stopped in the registry and waits for its goroutines.
 package worker

@@ -35,9 +35,12 @@ type exec struct {
 	s     *session
 	seq   uint64
 	reply string
-	enc   codec.Encoding
-	io    ioCount   // bytes moved by this frame, for metrics
-	graph *graphRun // the replay running, if any (see graph.go)
+	// badReply is a tenant's Fabric-Reply outside its inbox: nothing is
+	// answered on it, the reads of the frame fail with CodePermission.
+	badReply string
+	enc      codec.Encoding
+	io       ioCount   // bytes moved by this frame, for metrics
+	graph    *graphRun // the replay running, if any (see graph.go)
 	// mu guards io and the device's consumed list while a collective
 	// moves its pieces from several goroutines.
 	mu sync.Mutex
@@ -174,6 +177,9 @@ func (x *exec) input(id uint64) (*kernels.Tensor, error) {
 	case e.fail != nil:
 		return nil, &failedInput{cause: e.fail}
 	}
+	if err := x.d.awaitTensor(e.t); err != nil {
+		return nil, err
+	}
 	return e.t, nil
 }
 
@@ -202,6 +208,11 @@ func (x *exec) allocWith(m kernels.Meta, alloc func(int) (kernels.Buffer, error)
 	if x.s.bytes+int64(n) > x.d.w.cfg.Limits.MaxSessionBytes {
 		return nil, failf(codec.CodeLimit, "session memory limit: %d bytes in use, %d more asked, limit %d", x.s.bytes, n, x.d.w.cfg.Limits.MaxSessionBytes)
 	}
+	if st := x.s.st; st != nil {
+		if rec := st.rec.Load(); rec != nil && rec.Bytes > 0 && st.held.Load()+int64(n) > rec.Bytes {
+			return nil, failf(codec.CodeQuota, "tenant %s's byte quota: %d bytes held on this worker, %d more asked, quota %d", x.s.tenant, st.held.Load(), n, rec.Bytes)
+		}
+	}
 	if err := x.d.charge(n); err != nil {
 		return nil, err
 	}
@@ -211,7 +222,7 @@ func (x *exec) allocWith(m kernels.Meta, alloc func(int) (kernels.Buffer, error)
 		return nil, err
 	}
 	x.d.mem.held.Add(int64(buf.Bytes() - n))
-	x.s.bytes += int64(buf.Bytes())
+	x.s.addBytes(int64(buf.Bytes()))
 	return &kernels.Tensor{Meta: m, Buf: buf}, nil
 }
 
@@ -280,7 +291,7 @@ func (x *exec) compute(op *codec.Op) error {
 
 func (x *exec) release(ts []*kernels.Tensor) {
 	for _, t := range ts {
-		x.s.bytes -= int64(t.Buf.Bytes())
+		x.s.addBytes(-int64(t.Buf.Bytes()))
 		x.d.freeBuf(t.Buf)
 	}
 }
@@ -373,7 +384,10 @@ func (x *exec) upload(op *codec.Op) error {
 func (x *exec) uploadObject(op *codec.Op, m kernels.Meta) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	xfer := x.d.w.xfer
+	xfer, err := x.objects()
+	if err != nil {
+		return err
+	}
 	if op.NUID == "" {
 		info, err := xfer.Stat(ctx, op.Object)
 		if err != nil {
@@ -410,6 +424,11 @@ func (x *exec) uploadObject(op *codec.Op, m kernels.Meta) error {
 }
 
 func (x *exec) answer(i int, op *codec.Op, r *codec.Result) {
+	if x.badReply != "" {
+		x.pend(codec.Error{Seq: x.seq, Index: i, Op: op.Op, Code: codec.CodePermission,
+			Message: fmt.Sprintf("Fabric-Reply %q is outside tenant %s's inbox %s; nothing was answered", x.badReply, x.s.tenant, x.d.w.names.TenantInboxPrefix(x.s.tenant))})
+		return
+	}
 	if x.reply == "" {
 		x.pend(codec.Error{Seq: x.seq, Index: i, Op: op.Op, Code: codec.CodeAttr,
 			Message: "a " + op.Op + " needs a Fabric-Reply header to answer on"})
@@ -483,6 +502,10 @@ func (x *exec) tensorData(t *kernels.Tensor) (td *codec.Tensor, write func(), er
 		}
 		return td, nil, nil
 	}
+	xfer, err := x.objects()
+	if err != nil {
+		return nil, nil, err
+	}
 	data, err := x.bytesOf(t)
 	if err != nil {
 		return nil, nil, err
@@ -492,7 +515,6 @@ func (x *exec) tensorData(t *kernels.Tensor) (td *codec.Tensor, write func(), er
 	return td, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		xfer := x.d.w.xfer
 		if _, err := xfer.Put(ctx, td.Object, data, map[string]string{"dtype": td.DType, "shape": shapeString(t.Shape)}, objectstore.WithNUID(td.NUID)); err != nil {
 			x.d.w.logf("worker: %s: store result %s: %v", x.d.cfg.Name, td.Object, err)
 			// The reader is following the chunks: tell it why none will come.

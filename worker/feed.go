@@ -6,7 +6,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -32,10 +34,19 @@ type feed struct {
 	js      jetstream.JetStream
 	device  string
 	stream  string
-	filter  string
+	filters []string
 	prefix  string // consumer names: prefix_serial
 	handler func(jetstream.Msg, *jetstream.MsgMetadata)
 	logf    func(string, ...any)
+	m       *metrics // the device's: stalled, renewals, pending
+
+	// lastAt is when a frame last came (or the consumer was created),
+	// Unix ns; busy is set while the handler runs (see watch).
+	lastAt atomic.Int64
+	busy   atomic.Bool
+	// asked counts the times watch asked the server about the consumer.
+	asked atomic.Int64
+	tries int // consumers created, for unique names; loop only
 
 	// deliver is held while a frame is handled, so that frames from an
 	// old consumer and its successor never overlap or cross.
@@ -60,12 +71,19 @@ type feed struct {
 // server (a cluster node killed) is noticed after two of them.
 const feedHeartbeat = time.Second
 
+// feedStall is how long the feed goes without a frame before it asks the
+// server about its consumer (see watch). A consumer that has frames
+// pending and delivers none for that long (its flow control stalled:
+// nats.go's push consumer does not answer the stalled heartbeat; its node
+// cut off without its heartbeats stopping) is created again.
+const feedStall = 2 * time.Second
+
 // startFeed creates the first consumer, delivering the frames on filter
 // after stream sequence from (all of them when from is 0), and starts the
 // loop that re-creates it.
-func startFeed(ctx context.Context, js jetstream.JetStream, stream, filter, device string, from uint64, handler func(jetstream.Msg, *jetstream.MsgMetadata), logf func(string, ...any)) (*feed, error) {
+func startFeed(ctx context.Context, js jetstream.JetStream, stream string, filters []string, device string, from uint64, handler func(jetstream.Msg, *jetstream.MsgMetadata), m *metrics, logf func(string, ...any)) (*feed, error) {
 	f := &feed{
-		js: js, device: device, stream: stream, filter: filter, handler: handler, logf: logf,
+		js: js, device: device, stream: stream, filters: filters, handler: handler, logf: logf, m: m,
 		prefix: device + "_" + randomToken(),
 		sseq:   from,
 		serial: 1,
@@ -97,10 +115,12 @@ func (f *feed) open(ctx context.Context) error {
 	serial, from := f.serial, f.sseq
 	f.dseq = 0
 	f.mu.Unlock()
+	f.tries++
 	cfg := jetstream.ConsumerConfig{
-		Name:              fmt.Sprintf("%s_%d", f.prefix, serial),
+		// A name of its own each try: a create that timed out may have
+		// been made all the same.
+		Name:              fmt.Sprintf("%s_%d", f.prefix, f.tries),
 		DeliverSubject:    nats.NewInbox(),
-		FilterSubject:     f.filter,
 		DeliverPolicy:     jetstream.DeliverAllPolicy,
 		AckPolicy:         jetstream.AckNonePolicy,
 		FlowControl:       true,
@@ -109,14 +129,19 @@ func (f *feed) open(ctx context.Context) error {
 		MemoryStorage:     true,
 		Replicas:          1,
 	}
+	if len(f.filters) == 1 {
+		cfg.FilterSubject = f.filters[0]
+	} else {
+		cfg.FilterSubjects = f.filters
+	}
 	if from > 0 {
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from+1
 	}
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	cctx, cancel := context.WithTimeout(ctx, feedCreateTimeout)
 	defer cancel()
 	c, err := f.js.CreateOrUpdatePushConsumer(cctx, f.stream, cfg)
 	if err != nil {
-		return fmt.Errorf("consumer %s on %s: %w", cfg.Name, f.filter, err)
+		return fmt.Errorf("consumer %s on %s: %w", cfg.Name, strings.Join(f.filters, " "), err)
 	}
 	cc, err := c.Consume(func(m jetstream.Msg) { f.handle(serial, m) },
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
@@ -126,13 +151,17 @@ func (f *feed) open(ctx context.Context) error {
 		}))
 	if err != nil {
 		f.remove(cfg.Name)
-		return fmt.Errorf("consume %s on %s: %w", cfg.Name, f.filter, err)
+		return fmt.Errorf("consume %s on %s: %w", cfg.Name, strings.Join(f.filters, " "), err)
 	}
 	f.mu.Lock()
 	f.current, f.name = cc, cfg.Name
 	f.mu.Unlock()
+	f.lastAt.Store(time.Now().UnixNano())
 	return nil
 }
+
+// feedCreateTimeout bounds one try at creating a consumer.
+const feedCreateTimeout = 3 * time.Second
 
 // handle runs one frame of consumer serial if it is the next one, handing
 // the handler its delivery metadata.
@@ -152,7 +181,11 @@ func (f *feed) handle(serial int, m jetstream.Msg) {
 	}
 	f.dseq, f.sseq = md.Sequence.Consumer, md.Sequence.Stream
 	f.mu.Unlock()
+	f.busy.Store(true)
+	f.m.stalled.Store(false)
 	f.handler(m, md)
+	f.lastAt.Store(time.Now().UnixNano())
+	f.busy.Store(false)
 }
 
 // renew asks for a new consumer in place of consumer serial, once.
@@ -171,35 +204,53 @@ func (f *feed) renew(serial int) {
 	}
 }
 
-// feedResets bounds the tries at a new consumer; between them the wait
-// doubles from one second. A device whose consumer cannot be created again
-// (seen after a stream leader was killed) is taken over again instead.
-const feedResets = 3
+// feedRecreate bounds the time the feed tries to create its consumer
+// again, with waits from feedRetryMin doubling to feedRetryMax between
+// tries, riding out a leader election of the stream or of JetStream. A
+// device whose consumer cannot be created again in that time is taken
+// over again instead.
+const (
+	feedRecreate  = 30 * time.Second
+	feedRetryMin  = 100 * time.Millisecond
+	feedRetryMax  = 2 * time.Second
+	feedDeleteMax = time.Second
+)
 
-// loop re-creates the consumer when asked and ends the feed on Stop or
-// when that fails feedResets times.
+// loop re-creates the consumer when asked, watches it for stalls, and
+// ends the feed on Stop or when it cannot be created again.
 func (f *feed) loop() {
 	defer close(f.done)
+	tick := time.NewTicker(feedHeartbeat)
+	defer tick.Stop()
 	for {
 		select {
 		case <-f.stop:
 			f.end(nil)
 			return
+		case <-tick.C:
+			f.watch()
+			continue
 		case <-f.reset:
 		}
+		f.m.renewals.Add(1)
 		f.mu.Lock()
 		old, name := f.current, f.name
 		f.mu.Unlock()
 		old.Stop()
 		f.remove(name)
 		var err error
-		wait := time.Second
+		wait, start := feedRetryMin, time.Now()
 		for try := 1; ; try++ {
 			if err = f.open(context.Background()); err == nil {
+				if try > 1 {
+					f.logf("worker: %s: consumer created again after %d tries in %v", f.device, try, time.Since(start).Round(time.Millisecond))
+				}
 				break
 			}
-			f.logf("worker: %s: %v (try %d of %d)", f.device, err, try, feedResets)
-			if try == feedResets {
+			if try == 1 || try%5 == 0 {
+				f.logf("worker: %s: %v (try %d; trying for %v)", f.device, err, try, feedRecreate)
+			}
+			if time.Since(start) > feedRecreate {
 				f.end(err)
 				return
 			}
@@ -209,9 +260,53 @@ func (f *feed) loop() {
 				return
 			case <-time.After(wait):
 			}
-			wait *= 2
+			wait = min(2*wait, feedRetryMax)
 		}
 	}
+}
+
+// watch asks the server about the consumer when no frame has come for
+// feedStall and none is running: one that cannot be reached, has frames
+// pending that it does not deliver, or delivered frames that never came,
+// is created again after the last frame handled.
+func (f *feed) watch() {
+	if f.busy.Load() || time.Since(time.Unix(0, f.lastAt.Load())) < feedStall {
+		return
+	}
+	f.mu.Lock()
+	cc, name, serial, dseq, sseq := f.current, f.name, f.serial, f.dseq, f.sseq
+	f.mu.Unlock()
+	if cc == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*feedHeartbeat)
+	defer cancel()
+	f.asked.Add(1)
+	c, err := f.js.PushConsumer(ctx, f.stream, name)
+	var info *jetstream.ConsumerInfo
+	if err == nil {
+		info = c.CachedInfo()
+	}
+	switch {
+	case err != nil:
+		f.logf("worker: %s: consumer %s: %v; creating it again", f.device, name, err)
+	// By the consumer's own sequence: its delivered stream sequence moves
+	// past the other devices' frames it skips, which never come here.
+	case info.NumPending > 0 && info.Delivered.Consumer <= dseq:
+		f.m.pending.Store(info.NumPending)
+		f.m.stalled.Store(true)
+		f.logf("worker: %s: consumer %s has %d frames pending and delivered none for %v; creating it again", f.device, name, info.NumPending, feedStall)
+	case info.Delivered.Consumer > dseq:
+		f.m.pending.Store(info.NumPending + info.Delivered.Consumer - dseq)
+		f.m.stalled.Store(true)
+		f.logf("worker: %s: consumer %s delivered %d frames, up to sequence %d, but %d came (the last at sequence %d); creating it again", f.device, name, info.Delivered.Consumer, info.Delivered.Stream, dseq, sseq)
+	default:
+		f.m.pending.Store(0)
+		f.lastAt.Store(time.Now().UnixNano()) // ask again after feedStall
+		return
+	}
+	f.lastAt.Store(time.Now().UnixNano())
+	f.renew(serial)
 }
 
 // end stops the current consumer and waits for the frame in hand.
@@ -241,7 +336,7 @@ func (f *feed) remove(name string) {
 	if name == "" {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), feedDeleteMax)
 	defer cancel()
 	_ = f.js.DeleteConsumer(ctx, f.stream, name)
 }

@@ -9,7 +9,8 @@ import (
 )
 
 // fuser is a backend that runs a run of ops as one kernel (the CUDA
-// backend). It returns kernels.ErrNotImplemented for groups it cannot fuse.
+// backend), or block by block through cache (the CPU backend). It returns
+// kernels.ErrNotImplemented for groups it cannot fuse.
 type fuser interface {
 	ExecFused(g *kernels.FusedGroup, in, out []*kernels.Tensor) error
 }
@@ -183,7 +184,8 @@ func (x *exec) fused(f fuser, ops []codec.Op, uses map[uint64][]int, start int) 
 		}
 	}()
 	for _, r := range g.Results {
-		t, err := x.alloc(vals[r])
+		// A fused group writes every element of its outputs, as an op does.
+		t, err := x.allocFilled(vals[r])
 		if err != nil {
 			x.release(out)
 			return 0
@@ -203,4 +205,90 @@ func (x *exec) fused(f fuser, ops []codec.Op, uses map[uint64][]int, start int) 
 	}
 	x.d.m.fused(len(run))
 	return len(run)
+}
+
+// reluer is a backend that runs an op and relu of its output as one,
+// taking relu as it writes the outputs (the CPU backend's convolutions).
+// It returns kernels.ErrNotImplemented for ops it cannot.
+type reluer interface {
+	ExecRelu(op *kernels.Op, in, out []*kernels.Tensor) error
+}
+
+// withRelu runs ops[start], a conv2d, and the relu of its output at
+// ops[start+1] as one on rl, if the conv2d's output is dropped after the
+// relu (the next op after it that names that output is a free), so it is
+// never stored. It returns 2 if it ran them, 0 when the caller must run
+// them one by one instead (no such pair, any problem, or the backend's
+// ErrNotImplemented), in which case the session is as it was. uses is
+// frameUses(ops).
+func (x *exec) withRelu(rl reluer, ops []codec.Op, uses map[uint64][]int, start int) (n int) {
+	if uses == nil || start+1 >= len(ops) {
+		return 0
+	}
+	op, next := &ops[start], &ops[start+1]
+	if op.Op != kernels.OpConv2D || next.Op != kernels.OpRelu || len(op.Out) != 1 || len(next.Out) != 1 ||
+		len(next.In) != 1 || next.In[0] != op.Out[0] || next.Out[0] == op.Out[0] {
+		return 0
+	}
+	mid, res := op.Out[0], next.Out[0]
+	dropped := false
+	for _, j := range uses[mid] {
+		if j > start+1 {
+			dropped = ops[j].Op == opFree
+			break
+		}
+	}
+	if !dropped || mid == 0 || res == 0 {
+		return 0
+	}
+	for _, id := range []uint64{mid, res} {
+		if _, taken := x.s.tensors[id]; taken {
+			return 0
+		}
+	}
+	in := make([]*kernels.Tensor, len(op.In))
+	metas := make([]kernels.Meta, len(op.In))
+	for j, id := range op.In {
+		t, err := x.input(id)
+		if err != nil {
+			return 0
+		}
+		in[j], metas[j] = t, t.Meta
+	}
+	kop, err := kernelOp(op)
+	if err != nil {
+		return 0
+	}
+	kop.Key, kop.Seed = mid, x.s.seed
+	lim := x.d.w.cfg.Limits.Tensor
+	om, err := kernels.Infer(kop, metas, lim)
+	if err != nil || len(om) != 1 {
+		return 0
+	}
+	rop, err := kernelOp(next)
+	if err != nil {
+		return 0
+	}
+	rm, err := kernels.Infer(rop, om, lim)
+	if err != nil || len(rm) != 1 || rm[0].DType != om[0].DType || !slices.Equal(rm[0].Shape, om[0].Shape) {
+		return 0
+	}
+	t, err := x.allocFilled(rm[0])
+	if err != nil {
+		return 0
+	}
+	out := []*kernels.Tensor{t}
+	defer func() {
+		if p := recover(); p != nil {
+			x.release(out)
+			n = 0 // the ops one by one report the panic
+		}
+	}()
+	if err := rl.ExecRelu(kop, in, out); err != nil {
+		x.release(out)
+		return 0
+	}
+	x.s.tensors[res] = entry{t: t}
+	x.d.m.fused(2)
+	return 2
 }

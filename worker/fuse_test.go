@@ -22,6 +22,15 @@ type fakeFuser struct {
 	refuse bool
 	mu     sync.Mutex
 	groups []kernels.FusedGroup
+	relus  int // ExecRelu calls
+}
+
+// ExecRelu counts the calls and runs the CPU backend's.
+func (f *fakeFuser) ExecRelu(op *kernels.Op, in, out []*kernels.Tensor) error {
+	f.mu.Lock()
+	f.relus++
+	f.mu.Unlock()
+	return f.Backend.ExecRelu(op, in, out)
 }
 
 func (f *fakeFuser) ExecFused(g *kernels.FusedGroup, in, out []*kernels.Tensor) error {
@@ -92,7 +101,8 @@ func TestFusion(t *testing.T) {
 			ff := &fakeFuser{Backend: cpu.New(), refuse: refuse}
 			w := startWorker(t, b, func(c *worker.Config) {
 				c.Devices = []worker.Device{
-					{Name: "cpu-0", Kind: "cpu", Backend: cpu.New()},
+					// Op by op: the CPU backend without its fusing methods.
+					{Name: "cpu-0", Kind: "cpu", Backend: struct{ kernels.Backend }{cpu.New()}},
 					{Name: "cpu-1", Kind: "cpu", Backend: ff},
 				}
 			})
@@ -105,6 +115,23 @@ func TestFusion(t *testing.T) {
 				{"op":"cast","out":[20],"in":[1],"dtype":"f64"},
 				{"op":"gt","out":[21],"in":[20,20]},
 				{"op":"read","in":[21],"tag":6}]}`,
+				// A convolution and the relu of its output, which is
+				// dropped (the backend takes relu as it writes), then one
+				// whose output is kept and read.
+				`{"v":1,"ops":[
+				{"op":"uniform","out":[30],"dtype":"f32","shape":[2,8,6,5],"low":-1,"high":1},
+				{"op":"uniform","out":[31],"dtype":"f32","shape":[9,8,3,3],"low":-1,"high":1},
+				{"op":"uniform","out":[32],"dtype":"f32","shape":[9],"low":-1,"high":1},
+				{"op":"conv2d","out":[33],"in":[30,31,32]},
+				{"op":"relu","out":[34],"in":[33]},
+				{"op":"free","in":[33]},
+				{"op":"read","in":[34],"tag":7}]}`,
+				`{"v":1,"ops":[
+				{"op":"conv2d","out":[35],"in":[30,31]},
+				{"op":"relu","out":[36],"in":[35]},
+				{"op":"read","in":[35],"tag":8},
+				{"op":"read","in":[36],"tag":9},
+				{"op":"read","in":[33],"tag":10}]}`,
 			)
 			for i, fr := range frames {
 				plain.sendJSON(fr)
@@ -116,6 +143,12 @@ func TestFusion(t *testing.T) {
 				if i == 3 && (len(got.Errors) == 0 || got.Errors[0].Code != codec.CodeUnknownID) {
 					t.Errorf("read of a freed intermediate: %+v", got.Errors)
 				}
+			}
+			ff.mu.Lock()
+			relus := ff.relus
+			ff.mu.Unlock()
+			if relus != 1 {
+				t.Errorf("%d convolutions ran with their relu, want 1 (the one whose output is dropped)", relus)
 			}
 			groups := ff.taken()
 			if len(groups) < 1 {

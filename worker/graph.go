@@ -12,6 +12,7 @@ import (
 
 	"github.com/jetfabric/jetfabric/codec"
 	"github.com/jetfabric/jetfabric/kernels"
+	"github.com/jetfabric/jetfabric/subjects"
 )
 
 // opReplay runs a captured graph (see codec.Graph): its ops, with the
@@ -164,7 +165,7 @@ func (x *exec) replay(i int, op *codec.Op) error {
 	if !codec.ValidGraphName(op.Graph) {
 		return failf(codec.CodeAttr, "replay: graph name %q is not 64 lower-case hex digits", op.Graph)
 	}
-	p, err := x.d.graph(op.Graph)
+	p, err := x.d.graph(x.s.tenant, op.Graph)
 	if err != nil {
 		return err
 	}
@@ -234,10 +235,17 @@ func (x *exec) replayFused(f fuser, p *graphPlan, op *codec.Op, ids []uint64, i 
 		ops[k] = o
 	}
 	uses := frameUses(ops)
+	rl, _ := x.d.cfg.Backend.(reluer)
 	for n := 0; n < len(ops); {
 		if k := x.fused(f, ops, uses, n); k > 0 {
 			n += k
 			continue
+		}
+		if rl != nil {
+			if k := x.withRelu(rl, ops, uses, n); k > 0 {
+				n += k
+				continue
+			}
 		}
 		run.origin = q.origin[n]
 		x.op(i, &ops[n])
@@ -303,20 +311,21 @@ func sameShape(a, b []int) bool {
 	return true
 }
 
-// graph returns the plan of the graph named name: from the device's
+// graph returns the plan of tenant's graph named name: from the device's
 // cache, or loaded from the graph bucket, validated and compiled once.
-func (d *device) graph(name string) (*graphPlan, error) {
+func (d *device) graph(tenant, name string) (*graphPlan, error) {
+	key := subjects.TenantGraphKey(tenant, name)
 	c := d.graphs
 	if c == nil {
 		c = &graphCache{plans: map[string]*graphPlan{}, lastUse: map[string]uint64{}}
 		d.graphs = c
 	}
 	c.clock++
-	if p, ok := c.plans[name]; ok {
-		c.lastUse[name] = c.clock
+	if p, ok := c.plans[key]; ok {
+		c.lastUse[key] = c.clock
 		return p, nil
 	}
-	data, err := c.load(d, name)
+	data, err := c.load(d, key, name)
 	if err != nil {
 		return nil, err
 	}
@@ -332,14 +341,14 @@ func (d *device) graph(name string) (*graphPlan, error) {
 		delete(c.plans, oldest)
 		delete(c.lastUse, oldest)
 	}
-	c.plans[name], c.lastUse[name] = p, c.clock
+	c.plans[key], c.lastUse[key] = p, c.clock
 	c.ops += p.size()
 	return p, nil
 }
 
 // load fetches a definition from the graph bucket and checks that it is
 // the one its name says.
-func (c *graphCache) load(d *device, name string) ([]byte, error) {
+func (c *graphCache) load(d *device, key, name string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), graphLoadTimeout)
 	defer cancel()
 	if c.kv == nil {
@@ -351,7 +360,7 @@ func (c *graphCache) load(d *device, name string) ([]byte, error) {
 		}
 		c.kv = kv
 	}
-	e, err := c.kv.Get(ctx, name)
+	e, err := c.kv.Get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil, failf(codec.CodeUnknownGraph, "graph %s is not stored (define it before replaying it)", name)
 	} else if err != nil {

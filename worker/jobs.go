@@ -60,7 +60,7 @@ func (w *Worker) startJobs(ctx context.Context, j Jobs) (*jobLoop, error) {
 	if j.AckWait == 0 {
 		j.AckWait = 10 * time.Second
 	}
-	cons, err := w.js.CreateOrUpdateConsumer(ctx, w.names.JobsStream(), jetstream.ConsumerConfig{
+	cfg := jetstream.ConsumerConfig{
 		Durable:       subjects.JobsConsumer(j.Kind),
 		Description:   "jetfabric workers taking " + j.Kind + " jobs",
 		FilterSubject: w.names.Jobs(j.Kind),
@@ -68,7 +68,11 @@ func (w *Worker) startJobs(ctx context.Context, j Jobs) (*jobLoop, error) {
 		AckWait:       j.AckWait,
 		MaxDeliver:    -1,
 		MaxAckPending: 10000,
-	})
+	}
+	if w.cfg.Tenants {
+		cfg.FilterSubject, cfg.FilterSubjects = "", []string{w.names.Jobs(j.Kind), w.names.TenantJobs(j.Kind)}
+	}
+	cons, err := w.js.CreateOrUpdateConsumer(ctx, w.names.JobsStream(), cfg)
 	if err != nil {
 		return nil, fmt.Errorf("worker: jobs consumer for %s: %w", j.Kind, err)
 	}
@@ -126,11 +130,15 @@ func (l *jobLoop) handle(msg jetstream.Msg) {
 	if err == nil {
 		err = subjects.ValidateToken(job.ID)
 	}
+	tenant, terr := w.names.JobTenant(msg.Subject())
+	if err == nil {
+		err = terr
+	}
 	if err != nil {
 		// It can never succeed: drop it for good, but say why if we can.
 		w.logf("worker: %s jobs: dropping job %q at sequence %d: %v", l.cfg.Kind, job.ID, seq, err)
 		if subjects.ValidateToken(job.ID) == nil {
-			l.store(job.ID, &codec.JobResult{V: codec.Version, ID: job.ID, Worker: w.cfg.ID, Attempt: attempt,
+			l.store(tenant, job.ID, &codec.JobResult{V: codec.Version, ID: job.ID, Worker: w.cfg.ID, Attempt: attempt,
 				Errors: []codec.Error{{Seq: seq, Code: codec.CodeMalformed, Message: err.Error()}}})
 		}
 		_ = msg.Term()
@@ -138,7 +146,7 @@ func (l *jobLoop) handle(msg jetstream.Msg) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	if _, err := w.ctrl.Get(ctx, subjects.JobKey(job.ID)); err == nil {
+	if _, err := w.ctrl.Get(ctx, subjects.TenantJobKey(tenant, job.ID)); err == nil {
 		_ = msg.Ack() // finished by another worker already
 		outcome = jobDuplicate
 		return
@@ -158,10 +166,10 @@ func (l *jobLoop) handle(msg jetstream.Msg) {
 			}
 		}
 	})
-	res := l.run1(ctx, &job, seq, enc, attempt)
+	res := l.run1(ctx, tenant, &job, seq, enc, attempt)
 	close(done)
 	keep.Wait()
-	if err := l.store(job.ID, res); err != nil {
+	if err := l.store(tenant, job.ID, res); err != nil {
 		w.logf("worker: %s jobs: %v", l.cfg.Kind, err)
 		_ = msg.Nak()
 		outcome = jobRetried
@@ -177,10 +185,19 @@ func (l *jobLoop) handle(msg jetstream.Msg) {
 }
 
 // run1 executes the job's ops in a fresh session and stores its outputs.
-func (l *jobLoop) run1(ctx context.Context, job *codec.Job, seq uint64, enc codec.Encoding, attempt uint64) *codec.JobResult {
+func (l *jobLoop) run1(ctx context.Context, tenant string, job *codec.Job, seq uint64, enc codec.Encoding, attempt uint64) *codec.JobResult {
 	s := newSession("job-" + job.ID)
 	defer s.freeAll(l.dev)
 	x := exec{d: l.dev, s: s, seq: seq, enc: enc}
+	if tenant != "" {
+		// A tenant's job runs under its quotas, its outputs go to its bucket.
+		var err error
+		if s.st, _, err = l.w.tenant(tenant); err != nil {
+			return &codec.JobResult{V: codec.Version, ID: job.ID, Worker: l.w.cfg.ID, Attempt: attempt, Done: time.Now().UTC(),
+				Errors: []codec.Error{{Seq: seq, Code: codeOf(err), Message: err.Error()}}}
+		}
+		s.tenant = tenant
+	}
 	for i := range job.Ops {
 		if x.op(i, &job.Ops[i]) {
 			break
@@ -205,7 +222,12 @@ func (l *jobLoop) run1(ctx context.Context, job *codec.Job, seq uint64, enc code
 			break
 		}
 		name := subjects.JobOutputObject(job.ID, i)
-		info, err := l.w.xfer.Put(ctx, name, data, map[string]string{"dtype": t.DType.String(), "shape": shapeString(t.Shape), "job": job.ID})
+		store, err := x.objects()
+		if err != nil {
+			s.pending = append(s.pending, codec.Error{Seq: seq, Index: -1, Op: "output", Code: codeOf(err), Message: err.Error()})
+			break
+		}
+		info, err := store.Put(ctx, name, data, map[string]string{"dtype": t.DType.String(), "shape": shapeString(t.Shape), "job": job.ID})
 		if err != nil {
 			s.pending = append(s.pending, codec.Error{Seq: seq, Index: -1, Op: "output", Code: codec.CodeUnavailabe, Message: err.Error()})
 			break
@@ -226,14 +248,14 @@ func (l *jobLoop) run1(ctx context.Context, job *codec.Job, seq uint64, enc code
 
 // store writes the job's result once: if another worker already stored
 // one (the job was delivered twice), that one stands.
-func (l *jobLoop) store(id string, res *codec.JobResult) error {
+func (l *jobLoop) store(tenant, id string, res *codec.JobResult) error {
 	b, err := json.Marshal(res)
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, err = l.w.ctrl.Create(ctx, subjects.JobKey(id), b, jetstream.KeyTTL(JobResultTTL))
+	_, err = l.w.ctrl.Create(ctx, subjects.TenantJobKey(tenant, id), b, jetstream.KeyTTL(JobResultTTL))
 	if err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
 		return fmt.Errorf("store result of job %s: %w", id, err)
 	}

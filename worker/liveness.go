@@ -7,6 +7,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/jetfabric/jetfabric/codec"
+	"github.com/jetfabric/jetfabric/subjects"
 )
 
 // maxFreed bounds the sessions a device remembers having freed as idle.
@@ -29,6 +30,13 @@ func (d *device) onAlive(m *nats.Msg) {
 	sid := lastToken(m.Subject)
 	if sid == "" {
 		return
+	}
+	if d.w.cfg.Tenants {
+		tenant, _, session, err := d.w.names.ParseAlive(m.Subject)
+		if err != nil {
+			return
+		}
+		sid = subjects.SessionKey(tenant, session)
 	}
 	now := time.Now()
 	d.aliveMu.Lock()
@@ -101,6 +109,12 @@ func (d *device) refuseFreed(data []byte, seq uint64, reply string, enc codec.En
 	e := codec.Error{Seq: seq, Code: codec.CodeSessionFreed, Message: fmt.Sprintf(
 		"session %s was freed at %s: no frame and no heartbeat from its client for %v; its tensors are gone: open a new session",
 		sid, at.UTC().Format(time.RFC3339), d.w.cfg.IdleTimeout)}
+	d.refuseFrame(data, seq, reply, enc, encErr, e)
+}
+
+// refuseFrame answers every read, sync or close of a frame that is not
+// run with e (the frame itself when none of its ops waits).
+func (d *device) refuseFrame(data []byte, seq uint64, reply string, enc codec.Encoding, encErr error, e codec.Error) {
 	d.m.countError(e.Code)
 	answered := false
 	if encErr == nil {

@@ -214,7 +214,7 @@ func (d *device) noteSessions() {
 }
 
 // trimmer is a backend that keeps freed buffers for reuse and can give
-// them back (the CPU backend).
+// them back (the CPU and CUDA backends).
 type trimmer interface{ Trim() int64 }
 
 // trimIdle empties the backend's buffer cache once the device has run no

@@ -15,7 +15,7 @@ var errorCodes = [...]string{
 	codec.CodeMalformed, codec.CodeVersion, codec.CodeUnknownOp, codec.CodeArity, codec.CodeShape,
 	codec.CodeDType, codec.CodeAttr, codec.CodeUnknownID, codec.CodeFailedID, codec.CodeDuplicate,
 	codec.CodeTooLarge, codec.CodeLimit, codec.CodeInternal, codec.CodeUnavailabe,
-	codec.CodeResourceExhausted, codec.CodeSessionFreed,
+	codec.CodeResourceExhausted, codec.CodeSessionFreed, codec.CodePermission, codec.CodeQuota,
 }
 
 // metrics are one device's counters. The device loop updates them once a
@@ -36,13 +36,23 @@ type metrics struct {
 	// checkpoints committed, their total time and the size of the last;
 	// the time the last one took and when it was committed (Unix ns);
 	// checkpoints that failed.
-	checkpoints, ckptNanos, ckptBytes   atomic.Uint64
+	checkpoints, ckptNanos, ckptBytes atomic.Uint64
+	// restorePending: bytes of restored tensors still to be read.
+	restorePending                      atomic.Int64
 	ckptLastNanos, ckptAt, ckptFailures atomic.Uint64
 	// snapNanos is the time the device loop spent taking checkpoint
 	// snapshots: all that a checkpoint stops the loop for.
 	snapNanos atomic.Uint64
 	// fusedGroups run on a fusing backend and the ops they covered.
 	fusedGroups, fusedOps atomic.Uint64
+	// duplicates are numbered frames dropped because the session ran
+	// that number already; renewals the device's consumers created again
+	// (lost with a node, stalled, or a gap); stalled is 1 while frames
+	// wait in the stream and none was delivered for feedStall.
+	duplicates, renewals atomic.Uint64
+	stalled              atomic.Bool
+	// lastFrame is when the device last ran a frame (Unix ns).
+	lastFrame atomic.Int64
 }
 
 // fused records a fused group of n ops.
@@ -180,10 +190,23 @@ func (w *Worker) WriteMetrics(out io.Writer) error {
 			func(d *device) float64 { return float64(d.m.ckptAt.Load()) / 1e9 }},
 		{"jetfabric_device_checkpoint_failures_total", "counter", "Checkpoints that failed to be written or committed.",
 			func(d *device) float64 { return float64(d.m.ckptFailures.Load()) }},
+		{"jetfabric_device_restore_pending_bytes", "gauge", "Bytes of the last restore's large tensors still to be read from their objects (the device serves meanwhile).",
+			func(d *device) float64 { return float64(d.m.restorePending.Load()) }},
 		{"jetfabric_device_fused_groups_total", "counter", "Runs of elementwise ops executed as one fused kernel.",
 			func(d *device) float64 { return float64(d.m.fusedGroups.Load()) }},
 		{"jetfabric_device_fused_ops_total", "counter", "Ops executed inside fused groups.",
 			func(d *device) float64 { return float64(d.m.fusedOps.Load()) }},
+		{"jetfabric_device_duplicate_frames_total", "counter", "Frames dropped because their session had run a frame of that number (a publish retried past the stream's duplicate window).",
+			func(d *device) float64 { return float64(d.m.duplicates.Load()) }},
+		{"jetfabric_device_consumer_renewals_total", "counter", "Times the device's consumer was created again (lost with a node, stalled, or a gap in delivery).",
+			func(d *device) float64 { return float64(d.m.renewals.Load()) }},
+		{"jetfabric_device_stalled", "gauge", "1 while the device's frames wait in the stream and none was delivered for a few seconds.",
+			func(d *device) float64 {
+				if d.m.stalled.Load() {
+					return 1
+				}
+				return 0
+			}},
 		{"jetfabric_device_loop_age_seconds", "gauge", "Time since the device loop last came round (at most about 1 s when healthy).",
 			func(d *device) float64 { return now.Sub(time.Unix(0, d.loopAt.Load())).Seconds() }},
 	} {

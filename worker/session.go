@@ -3,6 +3,8 @@ package worker
 import (
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/jetfabric/jetfabric/codec"
 	"github.com/jetfabric/jetfabric/kernels"
 )
@@ -24,10 +26,37 @@ type session struct {
 	pending []codec.Error
 	bytes   int64
 	last    time.Time
+	// frame is the number (header Fabric-Frame) of the last frame run;
+	// loose: the session takes numbered frames in any order (restored
+	// from a checkpoint that did not record the number). held are frames
+	// stored ahead of a missing one, by number, until it comes (see
+	// device.order).
+	frame    uint64
+	loose    bool
+	held     map[uint64]heldFrame
+	heldSize int
+	// tenant is the session's tenant ("" for none); st its state on this
+	// worker, charged with the session's bytes.
+	tenant string
+	st     *tenantState
+}
+
+// heldFrame is a frame waiting for the frames numbered before it.
+type heldFrame struct {
+	msg jetstream.Msg
+	seq uint64
 }
 
 func newSession(id string) *session {
 	return &session{id: id, tensors: map[uint64]entry{}}
+}
+
+// addBytes changes the bytes the session holds, and its tenant's.
+func (s *session) addBytes(n int64) {
+	s.bytes += n
+	if s.st != nil {
+		s.st.held.Add(n)
+	}
 }
 
 func (s *session) free(d *device, id uint64) bool {
@@ -36,7 +65,8 @@ func (s *session) free(d *device, id uint64) bool {
 		return false
 	}
 	if e.t != nil {
-		s.bytes -= int64(e.t.Buf.Bytes())
+		s.addBytes(-int64(e.t.Buf.Bytes()))
+		d.dropLazy(e.t)
 		d.freeBuf(e.t.Buf)
 	}
 	delete(s.tensors, id)

@@ -497,7 +497,7 @@ func (x *exec) expose(i int, op *codec.Op) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), x.timeout(op))
 	defer cancel()
-	return x.publish(ctx, subjects.TransferObject(op.Transfer), t.Meta, data, reads, x.identity(i))
+	return x.publish(ctx, subjects.TenantObject(x.s.tenant, subjects.TransferObject(op.Transfer)), t.Meta, data, reads, x.identity(i))
 }
 
 // importT waits for the op's transfer and places it as output 0.
@@ -523,7 +523,7 @@ func (x *exec) importT(i int, op *codec.Op) error {
 	ctx, cancel := context.WithTimeout(context.Background(), x.timeout(op))
 	defer cancel()
 	r := &receiver{x: x}
-	if _, err := x.fetchInto(ctx, subjects.TransferObject(op.Transfer), x.identity(i), want, r.alloc); err != nil {
+	if _, err := x.fetchInto(ctx, subjects.TenantObject(x.s.tenant, subjects.TransferObject(op.Transfer)), x.identity(i), want, r.alloc); err != nil {
 		r.drop()
 		return err
 	}
@@ -672,11 +672,11 @@ type coll struct {
 }
 
 func (c *coll) put(phase string, to int, m kernels.Meta, data []byte, reads int) error {
-	return c.x.publish(c.ctx, subjects.CollectiveObject(c.group, phase, c.r, to), m, data, reads, c.who)
+	return c.x.publish(c.ctx, subjects.TenantObject(c.x.s.tenant, subjects.CollectiveObject(c.group, phase, c.r, to)), m, data, reads, c.who)
 }
 
 func (c *coll) get(phase string, from, to int, want kernels.Meta) (kernels.Meta, []byte, error) {
-	m, data, err := c.x.fetchObject(c.ctx, subjects.CollectiveObject(c.group, phase, from, to), c.who, want)
+	m, data, err := c.x.fetchObject(c.ctx, subjects.TenantObject(c.x.s.tenant, subjects.CollectiveObject(c.group, phase, from, to)), c.who, want)
 	if err != nil {
 		var oe *opError
 		if errors.As(err, &oe) && oe.code == codec.CodeUnavailabe {

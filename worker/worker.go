@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -27,6 +28,8 @@ type Worker struct {
 	ctrl  jetstream.KeyValue
 	xfer  *objectstore.Store
 	ckpt  *objectstore.Store
+	// ckptNC is the connection of ckpt (see dialCheckpoints); nil: nc.
+	ckptNC *nats.Conn
 
 	devices []*device
 	jobs    []*jobLoop
@@ -36,6 +39,8 @@ type Worker struct {
 	// adoptErrs are the clean-stop errors of adopted devices.
 	adoptErrs []error
 	svc       micro.Service // see micro.go
+	// tn: the tenants' records and use (Config.Tenants only).
+	tn tenants
 
 	stopOnce sync.Once
 	stop     chan struct{}
@@ -79,9 +84,25 @@ func (w *Worker) Start(ctx context.Context) error {
 	if w.xfer, err = objectstore.New(w.js, w.names.XferBucket(), objectstore.WithTimeout(w.cfg.ObjectTimeout)); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
-	if w.ckpt, err = objectstore.New(w.js, w.names.CkptBucket(), objectstore.WithTimeout(w.cfg.ObjectTimeout)); err != nil {
+	ckptJS := w.js
+	if w.ckptNC = w.dialCheckpoints(); w.ckptNC != nil {
+		if ckptJS, err = jetstream.New(w.ckptNC); err != nil {
+			w.ckptNC.Close()
+			w.ckptNC, ckptJS = nil, w.js
+		}
+	}
+	if w.ckpt, err = objectstore.New(ckptJS, w.names.CkptBucket(), objectstore.WithTimeout(w.cfg.ObjectTimeout)); err != nil {
+		if w.ckptNC != nil {
+			w.ckptNC.Close()
+		}
 		return fmt.Errorf("worker: %w", err)
 	}
+	if w.cfg.Tenants {
+		if err := w.watchTenants(ctx); err != nil {
+			return err
+		}
+	}
+	tuneGC(w)
 	ready := make(chan error, len(w.devices))
 	for _, d := range w.devices {
 		w.wg.Go(func() { d.serve(ready) })
@@ -163,6 +184,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 		for _, j := range w.jobs {
 			j.stop()
 		}
+		untuneGC(w)
 	})
 	done := make(chan struct{})
 	go func() { w.wg.Wait(); close(done) }()
@@ -170,6 +192,9 @@ func (w *Worker) Stop(ctx context.Context) error {
 	case <-done:
 	case <-ctx.Done():
 		return fmt.Errorf("worker: stop: %w", ctx.Err())
+	}
+	if w.ckptNC != nil {
+		w.ckptNC.Close()
 	}
 	var errs []error
 	for _, d := range w.devices {
@@ -270,7 +295,7 @@ func (w *Worker) register(ctx context.Context, d *device, state string) error {
 
 // entry is the device's registry entry as of now.
 func (w *Worker) entry(d *device, state string) codec.Device {
-	return codec.Device{
+	e := codec.Device{
 		Name:     d.cfg.Name,
 		Kind:     d.cfg.Kind,
 		Backend:  d.cfg.Backend.Name(),
@@ -289,11 +314,36 @@ func (w *Worker) entry(d *device, state string) codec.Device {
 		Lag:      d.m.pending.Load(),
 		Bytes:    d.mem.held.Load(),
 		Budget:   d.mem.budget,
+		Stalled:  d.m.stalled.Load(),
 	}
+	if at := d.m.lastFrame.Load(); at > 0 {
+		e.LastFrame = time.Unix(0, at).UTC()
+	}
+	return e
 }
 
 func (w *Worker) logf(format string, args ...any) {
 	if w.cfg.Logf != nil {
 		w.cfg.Logf(format, args...)
 	}
+}
+
+// dialCheckpoints opens the worker's second connection, with the options
+// of its first, for checkpoint writes and restore reads: an object of
+// hundreds of megabytes written or read on the connection that carries
+// the results and the frames would hold them back (a result published
+// behind a checkpoint's window of chunks waited tens of milliseconds).
+// nil when it cannot be opened: the first connection serves then.
+func (w *Worker) dialCheckpoints() *nats.Conn {
+	opts := w.nc.Opts
+	opts.Name = strings.TrimSpace(opts.Name + " checkpoints")
+	// The caller's handlers are for its own connection.
+	opts.ClosedCB, opts.DisconnectedCB, opts.DisconnectedErrCB, opts.ConnectedCB = nil, nil, nil, nil
+	opts.ReconnectedCB, opts.DiscoveredServersCB, opts.AsyncErrorCB, opts.ReconnectErrCB = nil, nil, nil, nil
+	nc, err := opts.Connect()
+	if err != nil {
+		w.logf("worker: a connection of its own for checkpoints: %v; they share the worker's", err)
+		return nil
+	}
+	return nc
 }

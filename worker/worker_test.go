@@ -342,11 +342,11 @@ func TestBadConfig(t *testing.T) {
 var checkFor = poll.Until
 
 // TestConsumerLostIsReopened: the device's consumer disappears (its
-// server died with it) and the ordered consumer cannot re-create itself
-// under its next name (here a conflicting consumer holds that name, as a
-// create stuck on a dead node would). The device loop gives up on it and
-// takes the device over again on a new consumer; the session's tensors
-// come back from the stream, and reads are answered.
+// server died with it) and the name the feed would try next is taken (by
+// a conflicting consumer, as a create that timed out on a dead node but
+// was made would leave): the feed tries again under a new name, and the
+// session's reads are answered (had it given up, a takeover would replay
+// the stream: the first read's answer may come again).
 func TestConsumerLostIsReopened(t *testing.T) {
 	b := brokertest.Run(t)
 	startWorker(t, b)
@@ -491,5 +491,27 @@ func TestFeedRefusesForgedDelivery(t *testing.T) {
 		if next := feedConsumer(t, ctx, a.js).Name; next == ci.Name {
 			t.Fatalf("reply %q: the consumer is still %s", reply, next)
 		}
+	}
+}
+
+// TestFeedRecreatesStalledConsumer: the device's consumer stops
+// delivering while frames wait (paused here; a flow-control stall or a
+// node cut off in a cluster does the same) and its heartbeats go on: the
+// feed notices within seconds and creates a new consumer after the last
+// frame it ran. Nothing is run twice.
+func TestFeedRecreatesStalledConsumer(t *testing.T) {
+	a := fedSession(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	first := feedConsumer(t, ctx, a.js).Name
+	if _, err := a.js.PauseConsumer(ctx, "FABRIC_OPS", first, time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	a.sendJSON(`{"v":1,"ops":[{"op":"add","in":[1,1],"out":[2]},{"op":"read","in":[2],"tag":2}]}`)
+	a.expectOnly(2, 14, 30*time.Second)
+	t.Logf("answered %v after the consumer paused", time.Since(start).Round(time.Millisecond))
+	if next := feedConsumer(t, ctx, a.js).Name; next == first {
+		t.Fatalf("the consumer is still %s", next)
 	}
 }

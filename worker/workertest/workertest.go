@@ -27,13 +27,32 @@ func CPUs(n int) []worker.Device {
 
 // Run starts a worker serving devices on b, with the default configuration
 // changed by edit, and returns once its devices serve. The worker logs to
-// t.
+// t. It connects as the broker's own services do (Broker.Connect): over
+// TCP, or in process where the broker requires TLS.
 func Run(t testing.TB, b *broker.Broker, devices []worker.Device, edit ...func(*worker.Config)) *worker.Worker {
 	t.Helper()
-	nc, err := nats.Connect(b.ClientURL())
+	nc, err := b.Connect(nats.Name("jetfabric-worker workertest"))
 	if err != nil {
 		t.Fatalf("workertest: %v", err)
 	}
+	tenants := func(c *worker.Config) { c.Tenants, c.TenantIssuer = b.AccountKey() != "", b.AccountKey() }
+	return runOn(t, nc, devices, append([]func(*worker.Config){tenants}, edit...)...)
+}
+
+// RunAt is Run on a broker at urls (comma-separated: the nodes of a
+// cluster), reconnecting for ever to whichever node answers.
+func RunAt(t testing.TB, urls string, devices []worker.Device, edit ...func(*worker.Config)) *worker.Worker {
+	t.Helper()
+	nc, err := nats.Connect(urls, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatalf("workertest: %v", err)
+	}
+	return runOn(t, nc, devices, edit...)
+}
+
+// runOn starts the worker on nc, which it closes when the test ends.
+func runOn(t testing.TB, nc *nats.Conn, devices []worker.Device, edit ...func(*worker.Config)) *worker.Worker {
+	t.Helper()
 	cfg := worker.DefaultConfig()
 	cfg.Devices = devices
 	cfg.Logf = t.Logf

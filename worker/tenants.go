@@ -1,0 +1,196 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetfabric/jetfabric/codec"
+	"github.com/jetfabric/jetfabric/objectstore"
+	"github.com/jetfabric/jetfabric/subjects"
+	"github.com/jetfabric/jetfabric/tenant"
+)
+
+// tenants is what a worker with Config.Tenants knows of the fabric's
+// tenants: their records (quotas), watched in the control bucket, what
+// they use on this worker, and their object buckets.
+type tenants struct {
+	mu     sync.Mutex
+	recs   map[string]*tenantState
+	stores map[string]*objectstore.Store
+}
+
+// tenantState is one tenant's record and use on this worker.
+type tenantState struct {
+	rec atomic.Pointer[codec.Tenant]
+	// signed is when rec was signed: an older record never replaces it.
+	// Under tenants.mu.
+	signed time.Time
+	// held is the tensor bytes the tenant's sessions hold on this worker.
+	held atomic.Int64
+	// fps: a token bucket of frames, refilled at rec.FPS a second, holding
+	// at most one second's worth (and at least one frame).
+	fpsMu  sync.Mutex
+	tokens float64
+	at     time.Time
+}
+
+// watchTenants follows the tenant records in the control bucket until
+// Stop; it returns once the records present now are loaded.
+func (w *Worker) watchTenants(ctx context.Context) error {
+	w.tn.recs = map[string]*tenantState{}
+	w.tn.stores = map[string]*objectstore.Store{}
+	watcher, err := w.ctrl.Watch(w.ctx, subjects.TenantKeys)
+	if err != nil {
+		return fmt.Errorf("worker: watch tenant records: %w", err)
+	}
+	loaded := make(chan struct{})
+	w.wg.Go(func() {
+		defer func() { _ = watcher.Stop() }()
+		once := sync.OnceFunc(func() { close(loaded) })
+		defer once()
+		for {
+			select {
+			case <-w.stop:
+				return
+			case e, ok := <-watcher.Updates():
+				if !ok {
+					return
+				}
+				if e == nil {
+					once()
+					continue
+				}
+				w.noteTenant(e)
+			}
+		}
+	})
+	select {
+	case <-loaded:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("worker: tenant records: %w", ctx.Err())
+	}
+}
+
+// noteTenant takes a new value of a tenant's record if the fabric's
+// account signed it, for that tenant, no earlier than the record held.
+// Anything else (a deletion, a value written by someone else, an older
+// record) is ignored: the record held stays.
+func (w *Worker) noteTenant(e jetstream.KeyValueEntry) {
+	name := strings.TrimPrefix(e.Key(), "tenant.")
+	if e.Operation() != jetstream.KeyValuePut {
+		w.logf("worker: tenant record %s deleted; the record held stays (tenants are removed by revoking their credentials)", name)
+		return
+	}
+	rec, signed, err := tenant.VerifyRecord(e.Value(), w.cfg.TenantIssuer, name)
+	if err != nil {
+		w.logf("worker: tenant record %s at revision %d ignored: %v", name, e.Revision(), err)
+		return
+	}
+	w.tn.mu.Lock()
+	defer w.tn.mu.Unlock()
+	st := w.tn.recs[name]
+	if st == nil {
+		st = &tenantState{}
+		w.tn.recs[name] = st
+	}
+	if signed.Before(st.signed) {
+		w.logf("worker: tenant record %s signed at %v ignored: the record held was signed at %v", name, signed, st.signed)
+		return
+	}
+	st.signed = signed
+	st.rec.Store(&rec)
+}
+
+// tenant returns tenant name's state, or a permission error when the
+// fabric has no record of it (deleted, or added without provisioning).
+func (w *Worker) tenant(name string) (*tenantState, *codec.Tenant, error) {
+	w.tn.mu.Lock()
+	st := w.tn.recs[name]
+	w.tn.mu.Unlock()
+	if st == nil {
+		return nil, nil, failf(codec.CodePermission, "tenant %s has no record in %s (provision it: jetfabric tenant add --server)", name, w.names.CtrlBucket())
+	}
+	rec := st.rec.Load()
+	if rec == nil {
+		return nil, nil, failf(codec.CodePermission, "tenant %s was removed", name)
+	}
+	return st, rec, nil
+}
+
+// allowFrame takes a frame from the tenant's token bucket; false when the
+// tenant is over its frames per second.
+func (st *tenantState) allowFrame(rec *codec.Tenant, now time.Time) bool {
+	if rec.FPS <= 0 {
+		return true
+	}
+	st.fpsMu.Lock()
+	defer st.fpsMu.Unlock()
+	burst := max(1, rec.FPS)
+	if st.at.IsZero() {
+		st.tokens = burst
+	} else {
+		st.tokens = min(burst, st.tokens+now.Sub(st.at).Seconds()*rec.FPS)
+	}
+	st.at = now
+	if st.tokens < 1 {
+		return false
+	}
+	st.tokens--
+	return true
+}
+
+// tenantStore is tenant's object bucket, opened on first use.
+func (w *Worker) tenantStore(tenant string) (*objectstore.Store, error) {
+	w.tn.mu.Lock()
+	s := w.tn.stores[tenant]
+	w.tn.mu.Unlock()
+	if s != nil {
+		return s, nil
+	}
+	// Opened without the lock (it asks the server); two at once keep
+	// the first.
+	bucket := w.names.TenantXferBucket(tenant)
+	s, err := objectstore.New(w.js, bucket, objectstore.WithTimeout(w.cfg.ObjectTimeout))
+	if err != nil {
+		if errors.Is(err, objectstore.ErrBucketNotFound) {
+			return nil, failf(codec.CodePermission, "tenant %s has no object bucket %s (provision it: jetfabric tenant add --server)", tenant, bucket)
+		}
+		return nil, failf(codec.CodeUnavailabe, "tenant %s: bucket %s: %v", tenant, bucket, err)
+	}
+	w.tn.mu.Lock()
+	defer w.tn.mu.Unlock()
+	if first := w.tn.stores[tenant]; first != nil {
+		return first, nil
+	}
+	w.tn.stores[tenant] = s
+	return s, nil
+}
+
+// objects is the bucket of the session's uploads and large results: the
+// tenant's own, or the shared transfer bucket.
+func (x *exec) objects() (*objectstore.Store, error) {
+	if x.s.tenant == "" {
+		return x.d.w.xfer, nil
+	}
+	return x.d.w.tenantStore(x.s.tenant)
+}
+
+// tenantSessions counts tenant's live sessions on the device. Loop only.
+func (d *device) tenantSessions(tenant string) int {
+	n := 0
+	p := tenant + "."
+	for k := range d.sessions {
+		if strings.HasPrefix(k, p) {
+			n++
+		}
+	}
+	return n
+}
