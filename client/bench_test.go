@@ -188,54 +188,89 @@ func BenchmarkAllReduce(b *testing.B) {
 	}
 }
 
-// BenchmarkGradExchange sums the gradients of the 784-512-512-10 MLP over
-// two devices, as data-parallel training does each step: one all_reduce a
-// parameter (six, 4 B to 1.6 MB), and one all_reduce of all of them
-// concatenated (2.7 MB); and one all_reduce of 4 B, the fixed cost. The
-// transfer bucket on file storage and on memory storage; reduce-scatter
-// then all-gather against the one-round direct algorithm (the default for
-// two ranks).
+// BenchmarkGradExchange sums the gradients of a model over data-parallel
+// devices, as training does each step: the 784-512-512-10 MLP over two
+// devices and PyTorch's MNIST CNN over four. Layouts: one all_reduce a
+// parameter ("per-param"); what jetfabric train sends ("train": one for
+// each parameter over 64 KiB, one for the rest concatenated); one of all
+// of them concatenated ("concatenated"); and one of 4 B ("scalar"), the
+// fixed cost. The transfer bucket on memory storage and on file storage;
+// the worker's default algorithm, reduce-scatter then all-gather, and the
+// one-round direct one. On the 16-core host, pinned like the training
+// runs:
+//
+//	go test -c ./client && GOMAXPROCS=16 ./client.test -test.run x \
+//	    -test.bench 'GradExchange/Memory/cnn-4' -test.benchtime 30x
 func BenchmarkGradExchange(b *testing.B) {
+	models := []struct {
+		name  string
+		ranks int
+		sizes []int // elements of each parameter
+	}{
+		{"mlp-2", 2, []int{784 * 512, 512, 512 * 512, 512, 512 * 10, 10}},
+		{"cnn-4", 4, []int{32 * 9, 32, 64 * 32 * 9, 64, 128 * 9216, 128, 10 * 128, 10}},
+	}
 	for _, storage := range []jetstream.StorageType{jetstream.MemoryStorage, jetstream.FileStorage} {
-		_, c := workers(b, 2, func(c *broker.Config) { c.Provision.XferStorage = storage })
+		_, c := workers(b, 4, func(c *broker.Config) { c.Provision.XferStorage = storage })
 		ctx := context.Background()
-		ss := []*client.Session{open(b, c, "cpu-0"), open(b, c, "cpu-1")}
-		sizes := map[string][]int{
-			"per-param":    {784 * 512, 512, 512 * 512, 512, 512 * 10, 10},
-			"concatenated": {784*512 + 512 + 512*512 + 512 + 512*10 + 10},
-			"scalar":       {1},
+		var all []*client.Session
+		for r := range 4 {
+			all = append(all, open(b, c, fmt.Sprintf("cpu-%d", r)))
 		}
-		for _, name := range []string{"scalar", "per-param", "concatenated"} {
-			var xs [][]*client.Tensor // [param][rank]
-			for _, n := range sizes[name] {
-				xs = append(xs, []*client.Tensor{ss[0].Full([]int{n}, 1), ss[1].Full([]int{n}, 2)})
-			}
-			for _, algo := range []string{"scatter", "direct"} {
-				opt := client.Scatter()
-				if algo == "direct" {
-					opt = client.Direct()
+		for _, model := range models {
+			ss := all[:model.ranks]
+			total, train, small := 0, []int(nil), 0
+			for _, n := range model.sizes {
+				total += n
+				if 4*n <= 64<<10 {
+					small += n
+				} else {
+					train = append(train, n)
 				}
-				b.Run(fmt.Sprintf("%s/%s/%s", storage, name, algo), func(b *testing.B) {
-					for b.Loop() {
-						var outs []*client.Tensor
-						for _, x := range xs {
-							out, err := client.AllReduce("sum", x, opt)
-							if err != nil {
-								b.Fatal(err)
-							}
-							outs = append(outs, out...)
-						}
-						for _, s := range ss {
-							if err := s.Sync(ctx); err != nil {
-								b.Fatal(err)
-							}
-						}
-						for _, o := range outs {
-							o.Free()
-						}
+			}
+			if small > 0 {
+				train = append(train, small)
+			}
+			layouts := map[string][]int{"per-param": model.sizes, "train": train, "concatenated": {total}, "scalar": {1}}
+			for _, name := range []string{"scalar", "per-param", "train", "concatenated"} {
+				var xs [][]*client.Tensor // [param][rank]
+				for _, n := range layouts[name] {
+					var ranks []*client.Tensor
+					for r, s := range ss {
+						ranks = append(ranks, s.Full([]int{n}, float64(r+1)))
 					}
-					b.ReportMetric(float64(b.Elapsed().Microseconds())/1000/float64(b.N), "ms/exchange")
-				})
+					xs = append(xs, ranks)
+				}
+				for _, algo := range []string{"default", "scatter", "direct"} {
+					var opts []client.CollectiveOption
+					switch algo {
+					case "scatter":
+						opts = append(opts, client.Scatter())
+					case "direct":
+						opts = append(opts, client.Direct())
+					}
+					b.Run(fmt.Sprintf("%s/%s/%s/%s", storage, model.name, name, algo), func(b *testing.B) {
+						for b.Loop() {
+							var outs []*client.Tensor
+							for _, x := range xs {
+								out, err := client.AllReduce("sum", x, opts...)
+								if err != nil {
+									b.Fatal(err)
+								}
+								outs = append(outs, out...)
+							}
+							for _, s := range ss {
+								if err := s.Sync(ctx); err != nil {
+									b.Fatal(err)
+								}
+							}
+							for _, o := range outs {
+								o.Free()
+							}
+						}
+						b.ReportMetric(float64(b.Elapsed().Microseconds())/1000/float64(b.N), "ms/exchange")
+					})
+				}
 			}
 		}
 	}

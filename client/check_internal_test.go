@@ -3,7 +3,6 @@ package client
 import (
 	"context"
 	"errors"
-	"strings"
 	"testing"
 	"time"
 
@@ -14,12 +13,12 @@ import (
 	"github.com/jetfabric/jetfabric/worker/workertest"
 )
 
-// TestCheckAfterPurge: a read's frame that a checkpoint purged before the
-// client looked for its answer is no longer in the stream, so the check
-// finds it missing; but the answer, sent before the purge, has already
-// reached the connection, and call finds it there before calling the frame
-// lost.
-func TestCheckAfterPurge(t *testing.T) {
+// TestConfirmAfterPurge: a read's frame that a checkpoint purged before
+// the client looked for its answer is published again to confirm it, with
+// its Nats-Msg-Id: the stream takes it for the duplicate it is and stores
+// nothing, and the answer, sent before the purge, is found on the
+// connection.
+func TestConfirmAfterPurge(t *testing.T) {
 	b := brokertest.Run(t)
 	workertest.Run(t, b, workertest.CPUs(1))
 	c, err := Connect(b.ClientURL())
@@ -44,9 +43,9 @@ func TestCheckAfterPurge(t *testing.T) {
 	s.nextTag++
 	tag := s.nextTag
 	s.waiters[tag] = ch
-	frame, size := s.queueLocked(codec.Op{Op: "read", In: []uint64{x.id}, Tag: tag}, true)
+	msg, _ := s.queueLocked(codec.Op{Op: "read", In: []uint64{x.id}, Tag: tag}, true)
 	s.mu.Unlock()
-	if frame == 0 {
+	if msg == nil {
 		t.Fatal(s.collect(nil))
 	}
 
@@ -76,12 +75,37 @@ func TestCheckAfterPurge(t *testing.T) {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	state, why := s.check(ctx, frame, size)
-	if state != frameMissing || why == nil || !strings.Contains(why.Error(), "does not hold frame") {
-		t.Fatalf("check of a purged frame: state %v, %v", state, why)
+	stored := false
+	if err := s.confirm(ctx, msg, &stored); err != nil || !stored {
+		t.Fatalf("confirm of a purged frame: %v, stored %v", err, stored)
+	}
+	if m, err := stream.GetLastMsgForSubject(ctx, s.subject); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		t.Fatalf("the frame was stored again (%v, %v): its Nats-Msg-Id should make it a duplicate", m, err)
+	}
+	// Once stored, confirm asks the stream's leader, storing nothing.
+	if err := s.confirm(ctx, msg, &stored); err != nil {
+		t.Fatalf("probe of the stream: %v", err)
+	}
+	if m, err := stream.GetLastMsgForSubject(ctx, s.subject); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		t.Fatalf("the probe stored a message (%v, %v)", m, err)
 	}
 	r := s.drain(ch)
 	if r == nil || r.Tag != tag || r.Tensor == nil || len(r.Errors) > 0 {
 		t.Fatalf("answer to the purged frame: %+v", r)
+	}
+}
+
+// TestMsgIDNamesTheSubject: the stream de-duplicates frames by
+// Nats-Msg-Id across all its subjects, so equal session tokens on two
+// devices, or of two tenants, must not give equal ids: the second frame
+// would be dropped as a duplicate of the first.
+func TestMsgIDNamesTheSubject(t *testing.T) {
+	ids := map[string]string{}
+	for _, subject := range []string{"fabric.ops.cpu-0.s", "fabric.ops.cpu-1.s", "fabric.t.a.ops.cpu-0.s", "fabric.t.b.ops.cpu-0.s"} {
+		id := msgID(subject, 1)
+		if other, dup := ids[id]; dup {
+			t.Fatalf("frame 1 of %s and of %s have one Nats-Msg-Id, %q", other, subject, id)
+		}
+		ids[id] = subject
 	}
 }

@@ -34,23 +34,41 @@ type Client struct {
 	xfer     *objectstore.Store
 	closed   bool
 
+	// redeliv publishes again the frames whose publish failed (see
+	// redelivery); its goroutine runs from newClient to Close.
+	redeliv redelivery
 	// beating: the heartbeat goroutine runs (started by the first Open);
-	// stop ends it and wg waits for it.
+	// stop ends it and the redelivery goroutine, and wg waits for them.
 	beating bool
 	stop    chan struct{}
 	wg      sync.WaitGroup
 }
 
-// Connect dials url and returns a client that owns the connection.
+// Connect dials url and returns a client that owns the connection. A
+// failure is a *ConnectError, which says what it most likely means.
 func Connect(url string, opts ...Option) (*Client, error) {
 	o, err := buildOptions(opts)
 	if err != nil {
 		return nil, err
 	}
-	nopts := append([]nats.Option{nats.Name("jetfabric-client"), nats.MaxReconnects(-1)}, o.natsOpts...)
+	// Reconnect for ever, trying the other nodes of a cluster at once and
+	// a node tried lately after a short wait, so that the connection moves
+	// to a surviving node by itself.
+	nopts := append([]nats.Option{nats.Name("jetfabric-client"), nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond), nats.ReconnectJitter(100*time.Millisecond, time.Second)}, o.natsOpts...)
+	if t := o.tenantName(); t != "" {
+		names, err := subjects.New(o.prefix)
+		if err != nil {
+			return nil, err
+		}
+		if names, err = names.ForTenant(t); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrInvalidOption, err)
+		}
+		nopts = append(nopts, nats.CustomInboxPrefix(names.InboxPrefix()))
+	}
 	nc, err := nats.Connect(url, nopts...)
 	if err != nil {
-		return nil, fmt.Errorf("client: connect %s: %w", url, err)
+		return nil, connectError(url, o, err)
 	}
 	c, err := newClient(nc, o)
 	if err != nil {
@@ -86,16 +104,33 @@ func newClient(nc *nats.Conn, o options) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	if names, err = names.ForTenant(o.tenantName()); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidOption, err)
+	}
+	if t := names.Tenant(); t != "" && nc.Opts.InboxPrefix != names.InboxPrefix() {
+		return nil, fmt.Errorf("%w: tenant %s's connection needs the inbox prefix %s (nats.CustomInboxPrefix), has %q", ErrInvalidOption, t, names.InboxPrefix(), nc.Opts.InboxPrefix)
+	}
 	c := &Client{opts: o, names: names, nc: nc, sessions: map[string]*Session{}, stop: make(chan struct{})}
+	c.redeliv.pending = map[string]*undelivered{}
+	c.redeliv.wake = make(chan struct{}, 1)
 	c.js, err = jetstream.New(nc,
 		jetstream.WithPublishAsyncMaxPending(o.window),
+		// An acknowledgement lost with a node (a leader shutting down
+		// with the frame in hand) would otherwise be waited for for ever:
+		// the frame is published again (same Nats-Msg-Id) after this.
+		jetstream.WithPublishAsyncTimeout(ackTimeout),
 		jetstream.WithPublishAsyncAckHandler(func(_ jetstream.JetStream, m *nats.Msg, _ *jetstream.PubAck) { c.published(m, nil) }),
 		jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, m *nats.Msg, err error) { c.published(m, err) }))
 	if err != nil {
 		return nil, fmt.Errorf("client: %w", err)
 	}
+	c.wg.Go(c.redeliverLoop)
 	return c, nil
 }
+
+// ackTimeout bounds the wait for the stream's acknowledgement of a frame
+// published asynchronously.
+const ackTimeout = 2 * time.Second
 
 // published hands the stream's answer to an acknowledged publish (err nil
 // when it stored the message) to the session whose frame it was. Answers
@@ -117,6 +152,9 @@ func (c *Client) Conn() *nats.Conn { return c.nc }
 // from the bucket's stream state and reads each one, so an entry being
 // refreshed while it lists is never missed.
 func (c *Client) Devices(ctx context.Context) ([]Device, error) {
+	if c.names.Tenant() != "" {
+		return c.tenantDevices(ctx)
+	}
 	kv, err := c.js.KeyValue(ctx, c.names.CtrlBucket())
 	if err != nil {
 		return nil, fmt.Errorf("client: device registry %s: %w", c.names.CtrlBucket(), err)
@@ -185,18 +223,14 @@ func (c *Client) Open(ctx context.Context, device string) (*Session, error) {
 	if err := subjects.ValidateDevice(device); err != nil {
 		return nil, fmt.Errorf("client: %w", err)
 	}
-	kv, err := c.js.KeyValue(ctx, c.names.CtrlBucket())
-	if err != nil {
-		return nil, fmt.Errorf("client: device registry: %w", err)
-	}
-	e, err := kv.Get(ctx, subjects.DeviceKey(device))
+	value, err := c.deviceEntry(ctx, device)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil, fmt.Errorf("%w: %s is not registered (jetfabric devices lists them)", ErrNoDevice, device)
 	} else if err != nil {
 		return nil, fmt.Errorf("client: device registry: %w", err)
 	}
 	var d Device
-	if err := json.Unmarshal(e.Value(), &d); err != nil {
+	if err := json.Unmarshal(value, &d); err != nil {
 		return nil, fmt.Errorf("client: registry entry %s: %w", device, err)
 	}
 	if !Live(d, time.Now()) {
@@ -218,6 +252,28 @@ func (c *Client) Open(ctx context.Context, device string) (*Session, error) {
 		c.wg.Go(c.heartbeat)
 	}
 	return s, nil
+}
+
+// deviceEntry reads a device's registry entry: through the bucket, or
+// for a tenant by a direct get of its key. A missing entry is
+// jetstream.ErrKeyNotFound.
+func (c *Client) deviceEntry(ctx context.Context, device string) ([]byte, error) {
+	if c.names.Tenant() != "" {
+		v, err := c.registryEntry(ctx, device)
+		if errors.Is(err, errKeyNotFound) {
+			return nil, jetstream.ErrKeyNotFound
+		}
+		return v, err
+	}
+	kv, err := c.js.KeyValue(ctx, c.names.CtrlBucket())
+	if err != nil {
+		return nil, err
+	}
+	e, err := kv.Get(ctx, subjects.DeviceKey(device))
+	if err != nil {
+		return nil, err
+	}
+	return e.Value(), nil
 }
 
 func (c *Client) forget(s *Session) {

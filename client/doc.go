@@ -22,6 +22,13 @@
 // sync or close whose frame it was, about three frame-check intervals after
 // it was sent (WithFrameCheck), or else by the session's next read or sync.
 //
+// On a fabric with tenants, WithCreds authenticates with a creds file and
+// puts the client in the tenant's namespace (its subjects, inbox prefix and
+// object bucket; docs/PROTOCOL.md, Tenants); credentials refused or expired
+// fail Connect with ErrCredentials, naming the file and the cause.
+//
+//	c, err := client.Connect("nats://127.0.0.1:4222", client.WithCreds("auth/acme.creds"))
+//
 // Errors from the worker (a shape mismatch, an unknown id) do not stop the
 // building of ops: they surface on the session's next read or sync, as
 // *codec.Error values naming the op, its position and the reason (use

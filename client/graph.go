@@ -196,6 +196,9 @@ func (c *Client) StoreGraph(ctx context.Context, def *GraphDef) error {
 	if name != def.Name {
 		return fmt.Errorf("%w: graph definition named %s encodes to %s", ErrInvalidArgument, def.Name, name)
 	}
+	if c.names.Tenant() != "" {
+		return c.storeTenantGraph(ctx, name, data)
+	}
 	kv, err := c.js.KeyValue(ctx, c.names.GraphBucket())
 	if err != nil {
 		return fmt.Errorf("client: graph bucket: %w", err)
@@ -211,18 +214,14 @@ func (c *Client) LoadGraph(ctx context.Context, name string) (*GraphDef, error) 
 	if !codec.ValidGraphName(name) {
 		return nil, fmt.Errorf("%w: graph name %q", ErrInvalidArgument, name)
 	}
-	kv, err := c.js.KeyValue(ctx, c.names.GraphBucket())
+	value, err := c.graphValue(ctx, name)
 	if err != nil {
-		return nil, fmt.Errorf("client: graph bucket: %w", err)
+		return nil, err
 	}
-	e, err := kv.Get(ctx, name)
-	if err != nil {
-		return nil, fmt.Errorf("client: graph %s: %w", name, err)
-	}
-	if codec.GraphName(e.Value()) != name {
+	if codec.GraphName(value) != name {
 		return nil, fmt.Errorf("client: graph %s: the stored bytes hash to another name", name)
 	}
-	g, err := codec.DecodeGraph(e.Value())
+	g, err := codec.DecodeGraph(value)
 	if err != nil {
 		return nil, fmt.Errorf("client: graph %s: %w", name, err)
 	}

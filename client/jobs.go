@@ -33,6 +33,7 @@ func (c *Client) Submit(ctx context.Context, kind string, job *Session, outputs 
 	if err := subjects.ValidateToken(kind); err != nil {
 		return "", fmt.Errorf("client: job kind: %w", err)
 	}
+
 	job.mu.Lock()
 	errs := job.errs
 	ops := append([]codec.Op(nil), job.queued...)
@@ -99,6 +100,14 @@ func (r *JobResult) Output(ctx context.Context, i int) (*Data, error) {
 
 // Wait waits for the results of the jobs ids, in that order, or for ctx.
 func (c *Client) Wait(ctx context.Context, ids ...string) ([]*JobResult, error) {
+	if c.names.Tenant() != "" {
+		for _, id := range ids {
+			if err := subjects.ValidateToken(id); err != nil {
+				return nil, fmt.Errorf("client: job id: %w", err)
+			}
+		}
+		return c.waitTenantJobs(ctx, ids)
+	}
 	kv, err := c.js.KeyValue(ctx, c.names.CtrlBucket())
 	if err != nil {
 		return nil, fmt.Errorf("client: %w", err)

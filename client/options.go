@@ -21,6 +21,11 @@ type options struct {
 	objectTimeout time.Duration
 	heartbeat     time.Duration
 	deviceTimeout time.Duration
+	callTimeout   time.Duration
+	failFast      time.Duration
+	// creds is the creds file of WithCreds and credsTenant the tenant its
+	// JWT names; tenant is WithTenant's.
+	creds, credsTenant, tenant string
 }
 
 func defaultOptions() options {
@@ -35,6 +40,38 @@ func defaultOptions() options {
 		objectTimeout: 5 * time.Second,
 		heartbeat:     30 * time.Second,
 		deviceTimeout: 30 * time.Second,
+		callTimeout:   5 * time.Minute,
+		failFast:      2750 * time.Millisecond,
+	}
+}
+
+// WithCallTimeout bounds a read, sync or close whose context has no
+// deadline (default 5 minutes; 0: none). It must be longer than the
+// longest op the device runs.
+func WithCallTimeout(d time.Duration) Option {
+	return func(o *options) error {
+		if d < 0 {
+			return fmt.Errorf("%w: call timeout %v", ErrInvalidOption, d)
+		}
+		o.callTimeout = d
+		return nil
+	}
+}
+
+// WithFailFast sets how long a read, sync or close goes on while the
+// fabric cannot be reached (no connection, no responders, no stream
+// leader, no quorum) before it fails with ErrUnavailable naming the cause
+// (default 2.75s; the checks are up to a second apart, each bounded by
+// 750 ms, so the call fails within 4.5 s of the fabric's silence). A
+// leader election after a node is killed takes 4 to 9 s: raise it to
+// ride those out.
+func WithFailFast(d time.Duration) Option {
+	return func(o *options) error {
+		if d < 100*time.Millisecond || d > time.Hour {
+			return fmt.Errorf("%w: fail-fast time %v, want [100ms, 1h]", ErrInvalidOption, d)
+		}
+		o.failFast = d
+		return nil
 	}
 }
 
@@ -128,18 +165,14 @@ func WithPublishWindow(n int) Option {
 }
 
 // WithFrameCheck sets how long a read, sync or close waits for its answer
-// before it asks the stream whether it stored the frame carrying it
-// (default 200ms). Such frames are published without asking for the
-// stream's acknowledgement, the answer being proof enough. A frame the
-// stream holds is not checked again; one it refused (full, over its max
-// message size, no stream captures the subject) fails its call with
-// ErrPublish at the second check, about 3d after it was sent; one missing
-// for no reason the stream gives (lost with a broken connection), at the
-// fifth, the checks being d, 2d, 4d... apart, so about 31d after. A stream
-// that takes longer than that to store a frame it accepts makes that a
-// false alarm: keep d well above the stream's worst storing delay. A check
-// costs a few JetStream API requests and is made only for calls not
-// answered within d.
+// before it publishes the frame carrying it again, asking for the stream's
+// acknowledgement (default 200ms). Such frames go out without asking for
+// it, the answer being proof enough; the frame's Nats-Msg-Id makes the
+// stream store it once. A refusal (over the stream's max message size, the
+// stream full) fails the call with ErrPublish saying why; once stored, the
+// call checks at doubling intervals up to a second apart that the stream
+// has a leader and the device a live worker (see WithFailFast and
+// WithDeviceTimeout). Checks are made only for calls not answered within d.
 func WithFrameCheck(d time.Duration) Option {
 	return func(o *options) error {
 		if d < time.Millisecond || d > time.Minute {

@@ -119,3 +119,41 @@ func TestReadFillsTheFrame(t *testing.T) {
 		}
 	}
 }
+
+// TestOversizeFrame: a frame over the broker's max_payload is refused in
+// the client with an error saying so (the server would close the
+// connection); the session and the connection go on, and Upload sends such
+// a tensor through the object store instead.
+func TestOversizeFrame(t *testing.T) {
+	b := brokertest.Run(t, func(c *broker.Config) { c.MaxPayload, c.Provision.OpsMaxMsgSize = 512<<10, 512<<10 })
+	workertest.Run(t, b, workertest.CPUs(1))
+	c, err := client.Connect(b.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	s := open(t, c, "cpu-0")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	big := make([]float32, 256<<10) // 1 MiB inline
+	for i := range big {
+		big[i] = 1
+	}
+	_, err = s.FromFloat32([]int{len(big)}, big).Sum().Float32s(ctx)
+	if !errors.Is(err, client.ErrPublish) || !strings.Contains(err.Error(), "max_payload") {
+		t.Fatalf("read of an oversize frame: %v; want %v naming max_payload", err, client.ErrPublish)
+	}
+	expect(t, "after", read(t, s.Full([]int{2}, 3).Sum()), 6)
+	if !c.Conn().IsConnected() {
+		t.Fatal("the connection dropped")
+	}
+	raw := make([]byte, 4*len(big))
+	for i := range big {
+		raw[4*i+2], raw[4*i+3] = 0x80, 0x3f // 1.0
+	}
+	x, err := s.Upload(ctx, "f32", []int{len(big)}, raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect(t, "uploaded", read(t, x.Sum()), float64(len(big)))
+}

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -166,13 +167,13 @@ func (s *Session) enqueue(op codec.Op, outs int, in ...*Tensor) *Tensor {
 
 // queueLocked adds op to the frame being built, publishing the frame
 // first if op does not fit in it. An op a call waits on (waited: a read,
-// sync or close) is published at once, in a frame whose number and size
-// are returned (see publishLocked); any other is published when the frame
-// is full or on the timer.
-func (s *Session) queueLocked(op codec.Op, waited bool) (frame uint64, size int) {
+// sync or close) is published at once, in a frame that is returned with
+// its size (see publishLocked); any other is published when the frame is
+// full or on the timer.
+func (s *Session) queueLocked(op codec.Op, waited bool) (frame *nats.Msg, size int) {
 	if s.record {
 		s.queued = append(s.queued, op)
-		return 0, 0
+		return nil, 0
 	}
 	opSize := 48 + len(op.Data) + 8*(len(op.In)+len(op.Out)+len(op.Shape)+len(op.Axes)+len(op.Perm)+len(op.Values))
 	if len(s.queued) > 0 && (len(s.queued) >= s.c.opts.maxFrameOps || s.qbytes+opSize > s.c.opts.maxFrameBytes) {
@@ -185,12 +186,12 @@ func (s *Session) queueLocked(op codec.Op, waited bool) (frame uint64, size int)
 	}
 	if len(s.queued) >= s.c.opts.maxFrameOps || s.qbytes >= s.c.opts.maxFrameBytes {
 		s.flushLocked()
-		return 0, 0
+		return nil, 0
 	}
 	if s.timer == nil {
 		s.timer = time.AfterFunc(s.c.opts.flushDelay, s.flushTimer)
 	}
-	return 0, 0
+	return nil, 0
 }
 
 func (s *Session) flushTimer() {
@@ -204,40 +205,55 @@ func (s *Session) flushTimer() {
 // stream's acknowledgement.
 func (s *Session) flushLocked() { s.publishLocked(false) }
 
-// publishLocked publishes the queued ops as one frame and returns its
-// number and size, or 0 when nothing was published (the reason is in
-// s.errs).
+// publishLocked publishes the queued ops as one frame and returns it and
+// its size, or nil when nothing was published (the reason is in s.errs).
+//
+// Every frame carries its number in its session (header Fabric-Frame) and
+// a Nats-Msg-Id made of the session token and that number, so publishing
+// it again stores it once (within the stream's duplicate window), and the
+// worker runs a session's frames in the order of their numbers whatever
+// order the stream stored them in.
 //
 // A frame that no call waits on is published asking for the stream's
-// acknowledgement (asynchronously, up to the publish window in flight):
-// that is how a refusal of it is learnt (see published). A frame that a
-// call waits on (waited) carries its read, sync or close, and the worker's
-// answer confirms that the stream stored it; it goes out as a plain core
-// publish, which JetStream stores all the same, without an acknowledgement
-// that would wake this process while the worker works. If the answer is
-// late, call checks that the stream holds the frame (see check). Both kinds
-// go out on the one connection, so the stream stores them in the order they
-// were published.
-func (s *Session) publishLocked(waited bool) (frame uint64, size int) {
+// acknowledgement (asynchronously, up to the publish window in flight): a
+// failure that says nothing about the frame (no answer, no responders, a
+// lost connection, a leader changing) publishes it again, with the same
+// id, until the stream stores it (see redeliver); a refusal is returned
+// by the next read or sync. A frame that a call waits on (waited) carries
+// its read, sync or close, and the worker's answer confirms that the
+// stream stored it; it goes out as a plain core publish, which JetStream
+// stores all the same, without an acknowledgement that would wake this
+// process while the worker works. If the answer is late, call publishes it
+// again asking for the acknowledgement (see confirm).
+func (s *Session) publishLocked(waited bool) (msg *nats.Msg, size int) {
 	if s.timer != nil {
 		s.timer.Stop()
 		s.timer = nil
 	}
 	if len(s.queued) == 0 || s.record {
-		return 0, 0
+		return nil, 0
 	}
 	data, err := codec.Marshal(codec.CBOR, &codec.Frame{V: codec.Version, Ops: s.queued})
 	s.queued = s.queued[:0]
 	s.qbytes = 0
 	if err != nil {
 		s.errs = append(s.errs, fmt.Errorf("client: encode frame: %w", err))
-		return 0, 0
+		return nil, 0
 	}
 	n := s.frames + 1
-	msg := &nats.Msg{Subject: s.subject, Data: data, Header: nats.Header{
-		subjects.HeaderReply: []string{s.inbox},
-		subjects.HeaderFrame: []string{strconv.FormatUint(n, 10)},
+	msg = &nats.Msg{Subject: s.subject, Data: data, Header: nats.Header{
+		subjects.HeaderReply:  []string{s.inbox},
+		subjects.HeaderFrame:  []string{strconv.FormatUint(n, 10)},
+		jetstream.MsgIDHeader: []string{msgID(s.subject, n)},
 	}}
+	size = len(data) + headerSize(msg.Header)
+	if max := s.c.nc.MaxPayload(); max > 0 && int64(size) > max {
+		// The server would close the connection: refuse it here. The
+		// number is not used, so the session's frames stay contiguous.
+		s.errs = append(s.errs, fmt.Errorf("%w: frame of %d bytes on %s is over the broker's max_payload of %d bytes (send large tensors with Upload, which goes through the object store, or split the work into smaller frames with WithMaxFrame)",
+			ErrPublish, size, s.subject, max))
+		return nil, 0
+	}
 	if waited {
 		err = s.c.nc.PublishMsg(msg)
 	} else {
@@ -245,31 +261,116 @@ func (s *Session) publishLocked(waited bool) (frame uint64, size int) {
 	}
 	if err != nil {
 		s.errs = append(s.errs, fmt.Errorf("%w: frame %d of %d bytes on %s: %v", ErrPublish, n, len(data), s.subject, err))
-		return 0, 0
+		return nil, 0
 	}
 	s.frames = n
 	if !waited {
 		s.acksSent++
 	}
-	// The size the stream's limits apply to: the data and the headers
-	// ("NATS/1.0\r\n", "key: value\r\n" each, "\r\n").
-	hdr := 12 + 4 + len(subjects.HeaderReply) + len(s.inbox) + 4 + len(subjects.HeaderFrame) + len(msg.Header[subjects.HeaderFrame][0])
-	return n, len(data) + hdr
+	return msg, size
+}
+
+// msgID is a frame's Nats-Msg-Id: the session's subject (its tenant,
+// device and token: the stream de-duplicates across all of them) and the
+// frame's number. A frame put in place of a refused one (see replace)
+// adds "-r".
+func msgID(subject string, n uint64) string { return subject + "-" + strconv.FormatUint(n, 10) }
+
+// headerSize is what a message's headers add to its size on the wire,
+// which the server's max_payload and the stream's max message size count:
+// "NATS/1.0\r\n", "key: value\r\n" each, "\r\n".
+func headerSize(h nats.Header) int {
+	n := len("NATS/1.0\r\n") + 2
+	for k, vs := range h {
+		for _, v := range vs {
+			n += len(k) + 2 + len(v) + 2
+		}
+	}
+	return n
 }
 
 // published records the stream's answer to a frame published asking for
-// an acknowledgement: a refusal is returned by the next read or sync.
+// an acknowledgement. A failure that leaves the frame's fate unknown
+// publishes it again (see Client.redeliver); a refusal is returned by the
+// next read or sync, and an empty frame of the same number takes its
+// place, so that the worker does not wait for it.
 func (s *Session) published(m *nats.Msg, err error) {
+	replacement := strings.HasSuffix(m.Header.Get(jetstream.MsgIDHeader), "-r")
+	if err != nil && (replacement || transient(err)) && s.c.redeliver(m, err) {
+		return
+	}
+	s.c.delivered(m)
+	if replacement {
+		return
+	}
 	s.acks.Lock()
 	defer s.acks.Unlock()
 	s.acks.done++
 	if err != nil {
-		s.acks.refused = append(s.acks.refused, fmt.Errorf("%w: frame %s of %d bytes on %s: %v", ErrPublish, m.Header.Get(subjects.HeaderFrame), len(m.Data), m.Subject, err))
+		s.acks.refused = append(s.acks.refused, fmt.Errorf("%w: frame %s of %d bytes on %s: %v", ErrPublish, m.Header.Get(subjects.HeaderFrame), len(m.Data), m.Subject, refusal(err)))
+		s.replace(m)
 	}
 	if s.acks.wake != nil {
 		close(s.acks.wake)
 		s.acks.wake = nil
 	}
+}
+
+// replace publishes an empty frame in place of the refused frame m, with
+// its number, so that the worker runs the session's later frames (the ops
+// that used what m would have made fail with unknown ids).
+func (s *Session) replace(m *nats.Msg) {
+	data, err := codec.Marshal(codec.CBOR, &codec.Frame{V: codec.Version, Ops: []codec.Op{}})
+	if err != nil {
+		return
+	}
+	n := m.Header.Get(subjects.HeaderFrame)
+	r := &nats.Msg{Subject: m.Subject, Data: data, Header: nats.Header{
+		subjects.HeaderReply:  []string{s.inbox},
+		subjects.HeaderFrame:  []string{n},
+		jetstream.MsgIDHeader: []string{s.subject + "-" + n + "-r"},
+	}}
+	s.c.redeliverSoon(r)
+}
+
+// transient reports whether a publish failure leaves the frame's fate
+// unknown or says the stream cannot take it for now (no answer, no
+// responders, a lost connection, no leader): publishing it again with the
+// same id is then safe and needed.
+func transient(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		// 503s other than a store failure (full, over a limit) are the
+		// cluster's: no leader, no quorum, not current. A duplicate "in
+		// process" is the frame's first publish, not yet committed (a
+		// stream without its quorum holds it there).
+		return apiErr.Code == 503 && apiErr.ErrorCode != errCodeStoreFailed || apiErr.ErrorCode == errCodeDupInProcess
+	}
+	return true
+}
+
+// JetStream error codes (nats-server's errors.json) that nats.go does not name.
+const (
+	errCodeStoreFailed  jetstream.ErrorCode = 10077 // JSStreamStoreFailedF: full, over a limit
+	errCodeSealed       jetstream.ErrorCode = 10109 // JSStreamSealedErr
+	errCodeDupInProcess jetstream.ErrorCode = 10158 // JSStreamDuplicateMessageConflict: the first publish is not committed yet
+)
+
+// refusal words a stream's refusal of a frame.
+func refusal(err error) error {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return err
+	}
+	switch d := apiErr.Description; {
+	case apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum:
+		return fmt.Errorf("over the stream's max message size (%w)", err)
+	case strings.Contains(d, "maximum bytes") || strings.Contains(d, "maximum messages"):
+		return fmt.Errorf("the stream is full, discarding new frames: %w (a checkpoint frees it; or raise its max bytes)", err)
+	case apiErr.ErrorCode == errCodeSealed:
+		return fmt.Errorf("the stream is sealed (%w)", err)
+	}
+	return err
 }
 
 // settleWait bounds settle: the stream's answers to earlier frames
@@ -319,12 +420,26 @@ func (s *Session) Flush() {
 
 // call queues op (a read, sync or close) with a fresh tag, flushes, and
 // waits for its result. Errors recorded here and errors the worker reports
-// come back joined. The frame carrying op is published without asking for
-// the stream's acknowledgement (see publishLocked); if no answer has come
-// after the frame-check interval, call asks the stream whether it holds the
-// frame, again at doubling intervals until it does, and fails with
-// ErrPublish when it keeps not holding it (see check).
+// come back joined.
+//
+// The frame carrying op is published without asking for the stream's
+// acknowledgement (see publishLocked). If no answer has come after the
+// frame-check interval, call publishes it again asking for one (the same
+// Nats-Msg-Id: stored once): a refusal fails the call with ErrPublish;
+// once stored, call checks at growing intervals, up to a second apart,
+// that the stream still has a leader and the device a live worker. When
+// the fabric cannot be reached (no connection, no responders, no leader,
+// no quorum) for the fail-fast time, the call fails with ErrUnavailable
+// naming the cause, and the frame goes on being published in the
+// background until the stream stores it, so that the session carries on
+// when the cluster recovers. A ctx without a deadline gets the call
+// timeout (WithCallTimeout).
 func (s *Session) call(ctx context.Context, op codec.Op) (*codec.Result, error) {
+	if _, ok := ctx.Deadline(); !ok && s.c.opts.callTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.c.opts.callTimeout)
+		defer cancel()
+	}
 	ch := make(chan *codec.Result, 1)
 	s.mu.Lock()
 	if s.record {
@@ -338,9 +453,9 @@ func (s *Session) call(ctx context.Context, op codec.Op) (*codec.Result, error) 
 	s.nextTag++
 	op.Tag = s.nextTag
 	s.waiters[op.Tag] = ch
-	frame, size := s.queueLocked(op, true)
+	msg, _ := s.queueLocked(op, true)
 	acks := s.acksSent
-	if frame == 0 {
+	if msg == nil {
 		delete(s.waiters, op.Tag)
 		s.mu.Unlock()
 		return nil, s.collect(nil)
@@ -349,9 +464,28 @@ func (s *Session) call(ctx context.Context, op codec.Op) (*codec.Result, error) 
 	wait := s.c.opts.frameCheck
 	check := time.NewTimer(wait)
 	defer check.Stop()
-	start := time.Now()
-	misses := 0        // checks that found the frame not in the stream
-	var down time.Time // since when the device has had no live worker
+	stored := false
+	var trouble time.Time // since when the fabric has not been reachable
+	var down time.Time    // since when the device has had no live worker
+	// The answer travels over core NATS: it is lost when this connection
+	// is between nodes, or when the inbox overflows (a worker taking the
+	// device over answers every read it replays again). When either
+	// happened since the op went out, it goes out again, with its tag, in
+	// a frame of its own: the first answer wins.
+	lost := s.answerLoss()
+	fail := func(err error) (*codec.Result, error) {
+		if r := s.drain(ch); r != nil {
+			s.settle(ctx, acks)
+			return r, s.collect(r.Errors)
+		}
+		s.drop(op.Tag)
+		if !stored {
+			// Its fate unknown: keep publishing it until the stream has
+			// it, so that the session's later frames do not wait for it.
+			s.c.redeliverSoon(msg)
+		}
+		return nil, errors.Join(s.collect(nil), fmt.Errorf("client: %s on %s: %w", op.Op, s.device, err))
+	}
 	for {
 		select {
 		case r := <-ch:
@@ -360,44 +494,68 @@ func (s *Session) call(ctx context.Context, op codec.Op) (*codec.Result, error) 
 		case m := <-s.replies:
 			s.route(m)
 		case <-check.C:
-			state, why := s.check(ctx, frame, size)
-			if state == frameStored {
-				// The answer comes when the worker gets to the frame (or
-				// a worker taking the device over replays it), unless no
-				// worker serves the device any more.
-				if err := s.deviceGone(ctx, &down); err != nil {
-					s.drop(op.Tag)
-					return nil, errors.Join(s.collect(nil), fmt.Errorf("client: %s on %s: %w", op.Op, s.device, err))
-				}
-				wait = min(2*wait, maxFrameCheck, max(s.c.opts.deviceTimeout/2, s.c.opts.frameCheck))
-				check.Reset(wait)
-				continue
-			}
-			if state != frameUnknown {
-				// A frame purged by a checkpoint is no longer in the
-				// stream either, but the worker answered it before the
-				// purge, so the answer reached the connection before the
-				// check's did: look for it first. Then check again before
-				// calling the frame lost (another goroutine may be routing
-				// the answer): twice when a limit of the stream explains
-				// the absence, five times over about 30 intervals when
-				// nothing does (the stream may be slow to store it).
+			probed := time.Now()
+			err := s.confirm(ctx, msg, &stored)
+			var refused *refusedError
+			switch {
+			case errors.As(err, &refused):
 				if r := s.drain(ch); r != nil {
 					s.settle(ctx, acks)
 					return r, s.collect(r.Errors)
 				}
-				if misses++; state == frameRefused && misses >= 2 || misses >= 5 {
-					s.drop(op.Tag)
-					return nil, errors.Join(s.collect(nil), fmt.Errorf("%w: %s on %s: no answer after %v, and %v", ErrPublish, op.Op, s.device, time.Since(start).Round(time.Millisecond), why))
+				s.drop(op.Tag)
+				s.replace(msg)
+				return nil, errors.Join(s.collect(nil), fmt.Errorf("%w: %s on %s: frame %s: %w", ErrPublish, op.Op, s.device, msg.Header.Get(subjects.HeaderFrame), refused.err))
+			case err != nil:
+				if trouble.IsZero() {
+					trouble = probed
+				}
+				if time.Since(trouble) >= s.c.opts.failFast {
+					return fail(err)
+				}
+			default:
+				trouble = time.Time{}
+				// The answer comes when the worker gets to the frame (or a
+				// worker taking the device over replays it), unless no
+				// worker serves the device any more.
+				if err := s.deviceGone(ctx, &down); err != nil {
+					return fail(err)
+				}
+				if now := s.answerLoss(); now != lost {
+					lost = now
+					if m := s.again(op); m != nil {
+						msg, stored = m, false
+					}
 				}
 			}
 			wait = min(2*wait, maxFrameCheck)
 			check.Reset(wait)
 		case <-ctx.Done():
+			if !stored {
+				s.c.redeliverSoon(msg)
+			}
 			s.drop(op.Tag)
 			return nil, fmt.Errorf("client: %s on %s: %w", op.Op, s.device, ctx.Err())
 		}
 	}
+}
+
+// answerLoss counts what can lose an answer: the connection's reconnects
+// and the answers the inbox dropped.
+func (s *Session) answerLoss() [2]uint64 {
+	dropped, _ := s.sub.Dropped()
+	return [2]uint64{s.c.nc.Stats().Reconnects, uint64(max(dropped, 0))}
+}
+
+// again publishes op (a read, sync or close that keeps its tag) once
+// more, in a frame of its own, and returns that frame (nil when it could
+// not be published).
+func (s *Session) again(op codec.Op) *nats.Msg {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.flushLocked()
+	msg, _ := s.queueLocked(op, true)
+	return msg
 }
 
 // drain routes the answers that have arrived and returns the one on ch,
@@ -415,67 +573,59 @@ func (s *Session) drain(ch <-chan *codec.Result) *codec.Result {
 	}
 }
 
-// maxFrameCheck bounds the wait between two checks of one frame.
-const maxFrameCheck = 10 * time.Second
+// maxFrameCheck bounds the wait between two checks of a call: a check
+// that finds the fabric unreachable starts the fail-fast clock.
+const maxFrameCheck = time.Second
 
-// frameState is what a check learnt of a frame.
-type frameState int
+// refusedError is a stream's refusal of a frame.
+type refusedError struct{ err error }
 
-const (
-	frameUnknown frameState = iota // the check failed (no JetStream for now)
-	frameStored
-	frameRefused // not in the stream, and one of its limits says why
-	frameMissing // not in the stream, and nothing says why
-)
+func (e *refusedError) Error() string { return e.err.Error() }
 
-// check asks the stream whether it holds frame n (of size bytes) of the
-// session; when it does not, why says so. The stream stores a session's
-// frames in the order they were published, so it holds frame n if the
-// last frame it holds on the session's subject is n or later.
-func (s *Session) check(ctx context.Context, n uint64, size int) (state frameState, why error) {
-	ctx, cancel := context.WithTimeout(ctx, max(s.c.opts.frameCheck, 2*time.Second))
+// confirm publishes the frame msg again asking for the stream's
+// acknowledgement, until the stream has said it stores it (*stored); after
+// that it asks the stream's leader for an answer that stores nothing. It
+// returns a *refusedError when the stream refuses the frame, and an error
+// wrapping ErrUnavailable when the fabric cannot answer (see diagnose).
+func (s *Session) confirm(ctx context.Context, msg *nats.Msg, stored *bool) error {
+	if st := s.c.nc.Status(); st != nats.CONNECTED {
+		return s.c.disconnected(st)
+	}
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
-	js := s.c.js
-	name, err := js.StreamNameBySubject(ctx, s.subject)
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return frameRefused, fmt.Errorf("no stream captures %s", s.subject)
-	} else if err != nil {
-		return frameUnknown, nil
-	}
-	stream, err := js.Stream(ctx, name)
-	if err != nil {
-		return frameUnknown, nil
-	}
-	var last uint64
-	m, err := stream.GetLastMsgForSubject(ctx, s.subject)
-	switch {
-	case err == nil:
-		last, _ = strconv.ParseUint(m.Header.Get(subjects.HeaderFrame), 10, 64)
-		if last >= n {
-			return frameStored, nil
+	if !*stored {
+		_, err := s.c.js.PublishMsg(ctx, msg, jetstream.WithRetryAttempts(0))
+		switch {
+		case err == nil:
+			*stored = true
+			return nil
+		case !transient(err):
+			return &refusedError{refusal(err)}
+		case errors.Is(err, jetstream.ErrNoStreamResponse) && s.c.names.Tenant() == "":
+			// (A tenant may not list the streams: its frame's silence says
+			// all it may learn.)
+			if _, serr := s.c.js.StreamNameBySubject(ctx, s.subject); errors.Is(serr, jetstream.ErrStreamNotFound) {
+				return &refusedError{fmt.Errorf("no stream captures %s", s.subject)}
+			}
 		}
-	case errors.Is(err, jetstream.ErrMsgNotFound):
-	default:
-		return frameUnknown, nil
+		return s.c.diagnose(ctx, err)
 	}
-	info := stream.CachedInfo()
-	cfg, st := info.Config, info.State
-	what := fmt.Sprintf("stream %s does not hold frame %d (%d bytes) of the session", name, n, size)
-	if last > 0 {
-		what += fmt.Sprintf(" (the last it holds is frame %d)", last)
+	// The stream's leader answers a publish that expects another stream
+	// with an error, storing nothing: proof that the stream has a leader
+	// and a quorum.
+	probe := &nats.Msg{Subject: s.subject, Header: nats.Header{jetstream.ExpectedStreamHeader: []string{"-"}}}
+	_, err := s.c.js.PublishMsg(ctx, probe, jetstream.WithRetryAttempts(0))
+	var apiErr *jetstream.APIError
+	if err == nil || errors.As(err, &apiErr) && !transient(err) {
+		return nil
 	}
-	switch {
-	case cfg.Sealed:
-		return frameRefused, fmt.Errorf("%s: the stream is sealed", what)
-	case cfg.MaxMsgSize > 0 && size > int(cfg.MaxMsgSize):
-		return frameRefused, fmt.Errorf("%s: over its max message size of %d bytes", what, cfg.MaxMsgSize)
-	case cfg.Discard == jetstream.DiscardNew && cfg.MaxBytes > 0 && st.Bytes+uint64(size) > uint64(cfg.MaxBytes):
-		return frameRefused, fmt.Errorf("%s: the stream is full (%d of %d bytes, discard new)", what, st.Bytes, cfg.MaxBytes)
-	case cfg.Discard == jetstream.DiscardNew && cfg.MaxMsgs > 0 && st.Msgs >= uint64(cfg.MaxMsgs):
-		return frameRefused, fmt.Errorf("%s: the stream is full (%d of %d messages, discard new)", what, st.Msgs, cfg.MaxMsgs)
-	}
-	return frameMissing, fmt.Errorf("%s: it was refused for a reason its limits do not show, lost with a broken connection, or is still not stored", what)
+	return s.c.diagnose(ctx, err)
 }
+
+// probeTimeout bounds a check: its requests together. With checks at most
+// maxFrameCheck apart, a call fails at most failFast+maxFrameCheck+
+// probeTimeout after the fabric stopped answering it (4.5 s by default).
+const probeTimeout = 750 * time.Millisecond
 
 // deviceGone reads the device's registry entry and returns an error
 // wrapping ErrNoDevice once it has shown no live worker (serving, with a
@@ -485,17 +635,13 @@ func (s *Session) deviceGone(ctx context.Context, down *time.Time) error {
 	if s.c.opts.deviceTimeout <= 0 {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, max(s.c.opts.frameCheck, 2*time.Second))
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
-	kv, err := s.c.js.KeyValue(ctx, s.c.names.CtrlBucket())
-	if err != nil {
-		return nil
-	}
-	e, err := kv.Get(ctx, subjects.DeviceKey(s.device))
+	value, err := s.c.deviceEntry(ctx, s.device)
 	now := time.Now()
 	var d Device
 	switch {
-	case err == nil && json.Unmarshal(e.Value(), &d) == nil && Live(d, now):
+	case err == nil && json.Unmarshal(value, &d) == nil && Live(d, now):
 		*down = time.Time{}
 		return nil
 	case err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) && !errors.Is(err, jetstream.ErrKeyDeleted):
@@ -510,7 +656,7 @@ func (s *Session) deviceGone(ctx context.Context, down *time.Time) error {
 		if d.Name != "" {
 			state = fmt.Sprintf("%s, last heartbeat %v ago", d.State, now.Sub(d.Beat).Round(100*time.Millisecond))
 		}
-		return fmt.Errorf("%w: no worker has served %s for %v (%s); the frame stays in the stream for a worker that takes the device", ErrNoDevice, s.device, gone.Round(100*time.Millisecond), state)
+		return fmt.Errorf("%w: no worker has served %s for %v (%s); start a worker for it (its frames are answered no_device and removed after the fabric's grace period)", ErrNoDevice, s.device, gone.Round(100*time.Millisecond), state)
 	}
 	return nil
 }
@@ -532,8 +678,12 @@ func (s *Session) collect(remote []codec.Error) error {
 	s.errs = nil
 	s.mu.Unlock()
 	for i := range remote {
-		if remote[i].Code == codec.CodeSessionFreed {
+		switch remote[i].Code {
+		case codec.CodeSessionFreed:
 			errs = append(errs, fmt.Errorf("%w: %w", ErrSessionFreed, &remote[i]))
+			continue
+		case codec.CodeNoDevice:
+			errs = append(errs, fmt.Errorf("%w: %w", ErrNoDevice, &remote[i]))
 			continue
 		}
 		errs = append(errs, &remote[i])
@@ -620,7 +770,8 @@ func (s *Session) ApplyN(op codec.Op, n int, in ...*Tensor) []*Tensor {
 // known, so the worker copies the chunks while the rest are written.
 func (s *Session) Upload(ctx context.Context, dtype string, shape []int, data []byte) (*Tensor, error) {
 	op := codec.Op{Op: "upload", DType: dtype, Shape: append([]int(nil), shape...)}
-	if len(data) <= s.c.opts.inlineUpload && !s.record {
+	// Inline only what fits a frame under the broker's max_payload.
+	if len(data) <= s.c.opts.inlineUpload && int64(len(data))+64<<10 <= s.c.nc.MaxPayload() && !s.record {
 		op.Data = data
 		return s.enqueue(op, 1), nil
 	}
@@ -694,7 +845,16 @@ func (s *Session) uploadWhileWriting(ctx context.Context, store *objectstore.Sto
 	select {
 	case dn = <-named:
 	case err := <-done:
-		return fail(err)
+		if err != nil {
+			return fail(err)
+		}
+		// The write ended first; it named its object before it ended.
+		select {
+		case dn = <-named:
+		default:
+			return fail(errors.New("the write ended without naming its object"))
+		}
+		done <- nil // for the waits below
 	}
 	// Two writes of the same bytes at once both find nothing stored: the
 	// later one stops when it learns the earlier is, and keeps it (an
