@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/jetfabric/jetfabric/client"
 	"github.com/jetfabric/jetfabric/codec"
+	"github.com/jetfabric/jetfabric/internal/certs"
 	"github.com/jetfabric/jetfabric/subjects"
 )
 
@@ -60,18 +62,23 @@ type benchReport struct {
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	layout := fs.String("layout", "inproc", "inproc: broker, worker and client in this process; procs: broker, worker and the raw responder as separate processes")
+	fabricURL := fs.String("url", "", "measure the fabric already running at this URL (its broker and a worker serving -device) instead of starting one; the raw responder starts as a separate process")
 	rounds := fs.Int("rounds", 2000, "round trips to time")
 	ops := fs.Int("ops", 300000, "ops in the pipelined run")
 	upload := fs.Int("upload-mib", 64, "size of the upload and read-back in MiB (0 skips)")
 	xferStorage := fs.String("xfer-storage", "file", "the broker's -xfer-storage: file or memory")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	echo := fs.String("serve-echo", "", "internal: serve the raw responder on this URL until stopped")
+	echoCA := fs.String("serve-echo-tls-ca", "", "internal: the CA of the raw responder's TLS connection")
+	withTLS := fs.Bool("tls", false, "measure twice in one run, alternating: a fabric without TLS and one whose every connection (client, worker, raw responder) uses TLS; report both and their ratio")
+	tlsRuns := fs.Int("tls-runs", 3, "with -tls: measurements of each fabric, alternating; the report gives the medians")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (broker, worker and client in -layout inproc) to this file")
 	ckpt := fs.Duration("checkpoint-interval", 30*time.Second, "the worker's checkpoint interval (0: only on request), to measure what checkpoints cost")
 	device := fs.String("device", "cpu-0", "the device to measure; a gpu-N also runs the matmul and fused-chain benchmarks")
 	gpus := fs.String("gpus", "", "the worker's -gpus (default: all when -device is a GPU, else none)")
 	noFusion := fs.Bool("no-fusion", false, "the worker runs every op by itself (the unfused baseline)")
 	tf32 := fs.Bool("tf32", false, "the worker's float32 matmuls on GPUs use TF32 tensor cores")
+	noChains := fs.Bool("no-gpu-chains", false, "the worker launches each elementwise op on a GPU by itself")
 	matN := fs.Int("matmul-n", 4096, "with a GPU -device: matrix size of the matmul chain")
 	matChain := fs.Int("matmul-chain", 100, "with a GPU -device: products in the matmul chain")
 	chainMiB := fs.Int("chain-mib", 256, "with a GPU -device: MiB of float32 the 8-op chain runs over")
@@ -84,13 +91,39 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.IntVar(&sc.chain, "scale-chain", 8, "with -scale: matmuls in a job's chain")
 	fs.IntVar(&sc.sets, "scale-sets", 3, "with -scale: timed sets at each step")
 	fs.IntVar(&sc.cores, "worker-cores", 0, "with -scale: GOMAXPROCS of each worker (0: all)")
+	soak := fs.String("soak", "", "the state soak instead: sessions holding this many bytes in all (e.g. 3GiB; 8GiB on a 16-core host), checkpointed and their worker process SIGKILLed with a standby waiting, beside a run with no checkpoints and no kills")
+	sk := soakConfig{sessions: 20, tensor: 16 << 20, steps: 25, every: 4 * time.Second, probes: 4, ckpt: 10 * time.Second, kills: 3, settle: 25 * time.Second}
+	fs.IntVar(&sk.sessions, "soak-sessions", sk.sessions, "with -soak: sessions")
+	fs.Func("soak-tensor", "with -soak: bytes of each tensor (default 16MiB)", func(v string) error {
+		var err error
+		sk.tensor, err = parseSize(v)
+		return err
+	})
+	fs.IntVar(&sk.steps, "soak-steps", sk.steps, "with -soak: steps of each session (a step rewrites one of its tensors, reads its sum, then times -soak-probes tiny op + read round trips)")
+	fs.DurationVar(&sk.every, "soak-step-every", sk.every, "with -soak: a session's step period")
+	fs.IntVar(&sk.probes, "soak-probes", sk.probes, "with -soak: tiny op + read round trips a step")
+	fs.DurationVar(&sk.ckpt, "soak-checkpoint-interval", sk.ckpt, "with -soak: the worker's checkpoint interval")
+	fs.IntVar(&sk.kills, "soak-kills", sk.kills, "with -soak: SIGKILLs of the device's worker")
+	fs.DurationVar(&sk.leaseTTL, "soak-lease-ttl", 0, "with -soak: the workers' lease TTL (0: the default)")
+	fs.DurationVar(&sk.settle, "soak-settle", sk.settle, "with -soak: how long the worker idles after the sessions are freed before its memory is taken")
 	if err := parse(fs, args, stderr); err != nil {
 		return err
 	}
 	if *echo != "" {
-		return serveEcho(ctx, *echo)
+		var opts []nats.Option
+		if *echoCA != "" {
+			opts = append(opts, nats.RootCAs(*echoCA))
+		}
+		return serveEcho(ctx, *echo, opts...)
 	}
 	progress := func(format string, a ...any) { fmt.Fprintf(stderr, "bench: "+format+"\n", a...) }
+	if *soak != "" {
+		var err error
+		if sk.held, err = parseSize(*soak); err != nil {
+			return fmt.Errorf("-soak: %w", err)
+		}
+		return benchSoak(ctx, sk, *asJSON, stdout, progress)
+	}
 	if *scale != "" {
 		var err error
 		if sc.workers, err = parseScale(*scale); err != nil {
@@ -115,15 +148,33 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			*gpus = "all"
 		}
 	}
-	url, stop, err := benchFabric(ctx, *layout, *ckpt, benchWorker{gpus: *gpus, noFusion: *noFusion, tf32: *tf32, xferStorage: *xferStorage}, progress)
+	bw := benchWorker{gpus: *gpus, noFusion: *noFusion, noChains: *noChains, tf32: *tf32, xferStorage: *xferStorage}
+	if *withTLS {
+		if *tlsRuns < 1 {
+			return fmt.Errorf("-tls-runs %d: want at least 1", *tlsRuns)
+		}
+		return benchTLS(ctx, *layout, *ckpt, bw, *device, *rounds, *ops, *upload, *tlsRuns, *asJSON, stdout, progress)
+	}
+	var url string
+	var stop func()
+	var err error
+	if *fabricURL != "" {
+		*layout = "url"
+		url, stop, err = benchEcho(*fabricURL, progress)
+	} else {
+		url, stop, err = benchFabric(ctx, *layout, *ckpt, bw, progress)
+	}
 	if err != nil {
 		return err
 	}
 	defer stop()
 	rep := benchReport{XferStorage: *xferStorage, Layout: *layout, GoMaxPro: runtime.GOMAXPROCS(0), Machine: fmt.Sprintf("%s/%s, %d CPUs", runtime.GOOS, runtime.GOARCH, runtime.NumCPU())}
-	if *layout == "inproc" {
+	switch *layout {
+	case "url":
+		rep.Layout, rep.XferStorage = "the fabric at "+url+" (the raw responder a separate process)", "as the broker keeps it"
+	case "inproc":
 		rep.Layout = "all in one process (broker, worker, client; TCP loopback)"
-	} else {
+	default:
 		rep.Layout = "separate processes (broker, worker, raw responder, client; TCP loopback)"
 	}
 	rep.Device, rep.NoFusion, rep.TF32 = *device, *noFusion, *tf32
@@ -131,7 +182,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if strings.HasPrefix(*device, "gpu-") {
 		dev = &devBench{n: *matN, chain: *matChain, elems: *chainMiB << 18, runs: *chainRuns}
 	}
-	if err := benchRun(ctx, url, *device, *rounds, *ops, *upload, dev, &rep, progress); err != nil {
+	if err := benchRun(ctx, url, *device, *rounds, *ops, *upload, dev, &rep, progress, nil); err != nil {
 		return err
 	}
 	if *asJSON {
@@ -168,8 +219,29 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 type benchWorker struct {
 	gpus        string
 	noFusion    bool
+	noChains    bool
 	tf32        bool
 	xferStorage string // the broker's -xfer-storage
+	// tls, when set, puts every connection under TLS with these
+	// certificates: the broker requires it, the worker, the raw responder
+	// and the client trust its CA.
+	tls *certs.Files
+}
+
+// benchEcho starts the raw responder as a separate process beside the
+// fabric at url, for -url.
+func benchEcho(url string, progress func(string, ...any)) (string, func(), error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return "", nil, err
+	}
+	cmd := exec.Command(exe, "bench", "--serve-echo", url)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return "", nil, err
+	}
+	progress("measuring the fabric at %s; started the raw responder as a separate process", url)
+	return url, func() { _ = cmd.Process.Signal(os.Interrupt); _ = cmd.Wait() }, nil
 }
 
 // devBench sizes the device benchmarks.
@@ -177,7 +249,7 @@ type devBench struct{ n, chain, elems, runs int }
 
 // benchFabric starts the fabric in the chosen layout and returns its URL.
 func benchFabric(ctx context.Context, layout string, ckpt time.Duration, bw benchWorker, progress func(string, ...any)) (string, func(), error) {
-	wf := workerFlags{cpus: 1, idle: time.Hour, checkpoint: ckpt, gpus: bw.gpus, noFusion: bw.noFusion, tf32: bw.tf32}
+	wf := workerFlags{cpus: 1, idle: time.Hour, checkpoint: ckpt, gpus: bw.gpus, noFusion: bw.noFusion, noChains: bw.noChains, tf32: bw.tf32}
 	if ckpt == 0 {
 		wf.checkpoint = -1 // off
 	}
@@ -191,9 +263,16 @@ func benchFabric(ctx context.Context, layout string, ckpt time.Duration, bw benc
 			cleanup[i]()
 		}
 	}
+	var tlsOpts []nats.Option
+	if bw.tls != nil {
+		tlsOpts = append(tlsOpts, nats.RootCAs(bw.tls.CA))
+	}
 	switch layout {
 	case "inproc":
 		bf := brokerFlags{listen: "127.0.0.1:-1", store: dir, name: "jetfabric", maxPayload: 8 << 20, replicas: 1, xferStorage: bw.xferStorage}
+		if bw.tls != nil {
+			bf.tlsCert, bf.tlsKey, bf.tlsCA = bw.tls.ServerCert, bw.tls.ServerKey, bw.tls.CA
+		}
 		bcfg, err := bf.brokerConfig()
 		if err != nil {
 			stop()
@@ -218,7 +297,7 @@ func benchFabric(ctx context.Context, layout string, ckpt time.Duration, bw benc
 			return "", nil, err
 		}
 		cleanup = append(cleanup, closeGPUs)
-		nc, err := nats.Connect(url)
+		nc, err := nats.Connect(url, tlsOpts...)
 		if err != nil {
 			stop()
 			return "", nil, err
@@ -232,7 +311,7 @@ func benchFabric(ctx context.Context, layout string, ckpt time.Duration, bw benc
 		cleanup = append(cleanup, func() { _ = shutdown(nil, w); nc.Close() })
 		echoCtx, cancel := context.WithCancel(ctx)
 		done := make(chan error, 1)
-		go func() { done <- serveEcho(echoCtx, url) }()
+		go func() { done <- serveEcho(echoCtx, url, tlsOpts...) }()
 		cleanup = append(cleanup, func() { cancel(); <-done })
 		return url, stop, nil
 	case "procs":
@@ -243,6 +322,13 @@ func benchFabric(ctx context.Context, layout string, ckpt time.Duration, bw benc
 		}
 		port := 20000 + rand.IntN(20000)
 		url := "nats://127.0.0.1:" + strconv.Itoa(port)
+		var brokerTLS, clientTLS, echoTLS []string
+		if bw.tls != nil {
+			url = "tls://127.0.0.1:" + strconv.Itoa(port)
+			brokerTLS = []string{"--tls-cert", bw.tls.ServerCert, "--tls-key", bw.tls.ServerKey, "--tls-ca", bw.tls.CA}
+			clientTLS = []string{"--tls-ca", bw.tls.CA}
+			echoTLS = []string{"--serve-echo-tls-ca", bw.tls.CA}
+		}
 		start := func(args ...string) error {
 			cmd := exec.Command(exe, args...)
 			cmd.Stderr = os.Stderr
@@ -252,19 +338,19 @@ func benchFabric(ctx context.Context, layout string, ckpt time.Duration, bw benc
 			cleanup = append(cleanup, func() { _ = cmd.Process.Signal(os.Interrupt); _ = cmd.Wait() })
 			return nil
 		}
-		if err := start("broker", "--listen", "127.0.0.1:"+strconv.Itoa(port), "--http", "", "--store", dir, "--xfer-storage", bw.xferStorage); err != nil {
+		if err := start(append([]string{"broker", "--listen", "127.0.0.1:" + strconv.Itoa(port), "--http", "", "--store", dir, "--xfer-storage", bw.xferStorage}, brokerTLS...)...); err != nil {
 			stop()
 			return "", nil, err
 		}
-		if err := waitConnect(ctx, url); err != nil {
+		if err := waitConnect(ctx, url, tlsOpts...); err != nil {
 			stop()
 			return "", nil, err
 		}
-		if err := start("worker", "--url", url, "--idle-timeout", "1h", "--checkpoint-interval", ckpt.String(), "--gpus", bw.gpus, "--no-fusion="+strconv.FormatBool(bw.noFusion), "--tf32="+strconv.FormatBool(bw.tf32)); err != nil {
+		if err := start(append([]string{"worker", "--url", url, "--idle-timeout", "1h", "--checkpoint-interval", ckpt.String(), "--gpus", bw.gpus, "--no-fusion=" + strconv.FormatBool(bw.noFusion), "--no-gpu-chains=" + strconv.FormatBool(bw.noChains), "--tf32=" + strconv.FormatBool(bw.tf32)}, clientTLS...)...); err != nil {
 			stop()
 			return "", nil, err
 		}
-		if err := start("bench", "--serve-echo", url); err != nil {
+		if err := start(append([]string{"bench", "--serve-echo", url}, echoTLS...)...); err != nil {
 			stop()
 			return "", nil, err
 		}
@@ -275,10 +361,12 @@ func benchFabric(ctx context.Context, layout string, ckpt time.Duration, bw benc
 	return "", nil, fmt.Errorf("-layout %q: want inproc or procs", layout)
 }
 
-func waitConnect(ctx context.Context, url string) error {
-	deadline := time.Now().Add(30 * time.Second)
+// waitConnect waits for a broker process to take connections: a loaded
+// machine can take long to start one, so the wait is generous.
+func waitConnect(ctx context.Context, url string, opts ...nats.Option) error {
+	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		nc, err := nats.Connect(url)
+		nc, err := nats.Connect(url, opts...)
 		if err == nil {
 			nc.Close()
 			return nil
@@ -295,8 +383,8 @@ func waitConnect(ctx context.Context, url string) error {
 }
 
 // serveEcho answers every request on the echo subject with its payload.
-func serveEcho(ctx context.Context, url string) error {
-	nc, err := nats.Connect(url)
+func serveEcho(ctx context.Context, url string, opts ...nats.Option) error {
+	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		return err
 	}
@@ -362,8 +450,8 @@ func serveFloor(ctx context.Context, nc *nats.Conn, names subjects.Names) (stop 
 	return cc.Stop, nil
 }
 
-func benchRun(ctx context.Context, url, device string, rounds, nops, uploadMiB int, dev *devBench, rep *benchReport, progress func(string, ...any)) error {
-	c, err := client.Connect(url)
+func benchRun(ctx context.Context, url, device string, rounds, nops, uploadMiB int, dev *devBench, rep *benchReport, progress func(string, ...any), copts []client.Option) error {
+	c, err := client.Connect(url, copts...)
 	if err != nil {
 		return err
 	}
@@ -522,8 +610,10 @@ func benchRun(ctx context.Context, url, device string, rounds, nops, uploadMiB i
 			data[i] = byte(i % 251)
 		}
 		var up, back []float64
-		for run := range uploadRuns {
-			data[0] = byte(run) // new bytes each run: an upload of known bytes is not sent again
+		for range uploadRuns {
+			// New bytes each run, and each bench (several may measure one
+			// fabric): an upload of bytes stored before is not sent again.
+			binary.LittleEndian.PutUint64(data, rand.Uint64())
 			t0 := time.Now()
 			t, err := s.Upload(ctx, "u8", []int{len(data)}, data)
 			if err != nil {

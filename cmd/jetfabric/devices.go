@@ -64,15 +64,37 @@ func printDevices(w io.Writer, devs []client.Device, now time.Time) {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "DEVICE\tKIND\tBACKEND\tSTATE\tSESSIONS\tMEMORY\tAPPLIED\tWORKER\tHEARTBEAT\n")
+	fmt.Fprintf(tw, "DEVICE\tKIND\tBACKEND\tSTATE\tSESSIONS\tMEMORY\tAPPLIED\tLAG\tWORKER\tHEARTBEAT\n")
 	for _, d := range devs {
-		state := d.State
-		if d.State == "serving" && !client.Live(d, now) {
-			state = "lost"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\t%v ago\n", d.Name, d.Kind, d.Backend, state, d.Sessions, memoryText(d), d.Applied, d.Worker, now.Sub(d.Beat).Round(time.Millisecond))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%d\t%d\t%s\t%v ago\n", d.Name, d.Kind, d.Backend, deviceState(d, now), d.Sessions, memoryText(d), d.Applied, d.Lag, d.Worker, now.Sub(d.Beat).Round(time.Millisecond))
 	}
 	tw.Flush()
+}
+
+// stuckAfter is how long a device with frames waiting may run none before
+// it shows as stuck.
+const stuckAfter = 5 * time.Second
+
+// deviceState is a registry entry's state as devices and top show it:
+// lost (serving, but no recent heartbeat), stalled (its worker found its
+// consumer delivering nothing while frames wait, and is creating it
+// again), stuck (frames wait, none ran for stuckAfter), behind (frames
+// wait), else the entry's own (serving, stopped).
+func deviceState(d client.Device, now time.Time) string {
+	if d.State != "serving" {
+		return d.State
+	}
+	switch {
+	case !client.Live(d, now):
+		return "lost"
+	case d.Stalled:
+		return "stalled"
+	case d.Lag > 0 && !d.LastFrame.IsZero() && now.Sub(d.LastFrame) > stuckAfter:
+		return fmt.Sprintf("stuck %v", now.Sub(d.LastFrame).Round(time.Second))
+	case d.Lag > 0:
+		return "behind"
+	}
+	return d.State
 }
 
 // memoryText is a device's tensor memory and budget, as 1.5G/12G.

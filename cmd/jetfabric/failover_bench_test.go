@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/jetfabric/jetfabric/broker/brokertest"
 	"github.com/jetfabric/jetfabric/client"
 )
@@ -60,6 +63,125 @@ func BenchmarkFailover(b *testing.B) {
 			b.ReportMetric(float64(total.Milliseconds())/float64(n), "ms/failover")
 		})
 	}
+}
+
+// BenchmarkFailoverHeld measures the same failover at the default lease
+// TTL for a session that holds 1 GiB in 16 tensors of 64 MiB, all in the
+// device's last checkpoint: from the SIGKILL to the answer of a read of a
+// small tensor (first), of the sum of one large tensor (one), and of the
+// sum of all of them (all: every tensor restored).
+func BenchmarkFailoverHeld(b *testing.B) {
+	const tensors, elems = 16, 16 << 20 // f32: 16 x 64 MiB
+	br := brokertest.Run(b)
+	nc, err := nats.Connect(br.ClientURL())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	kv, err := js.KeyValue(context.Background(), "FABRIC_CTRL")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var first, one, all time.Duration
+	n := 0
+	for b.Loop() {
+		b.StopTimer()
+		dev := fmt.Sprintf("cpu-%d", n)
+		owner := spawnB(b, "worker", "--url", br.ClientURL(), "--devices", dev, "--id", fmt.Sprintf("o%d", n))
+		waitServedB(b, br.ClientURL(), dev, fmt.Sprintf("o%d", n))
+		spawnB(b, "worker", "--url", br.ClientURL(), "--devices", dev, "--id", fmt.Sprintf("s%d", n))
+		c, err := client.Connect(br.ClientURL())
+		if err != nil {
+			b.Fatal(err)
+		}
+		ctx := context.Background()
+		s, err := c.Open(ctx, dev)
+		if err != nil {
+			b.Fatal(err)
+		}
+		x := s.Arange(0, 1000, 1)
+		held := make([]*client.Tensor, tensors)
+		for i := range held {
+			held[i] = s.Uniform([]int{elems}, -1, 1)
+		}
+		total := held[0].Sum()
+		for _, t := range held[1:] {
+			total = total.Add(t.Sum())
+		}
+		want, err := total.Float32s(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		s.Checkpoint()
+		if err := s.Sync(ctx); err != nil {
+			b.Fatal(err)
+		}
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			if _, err := kv.Get(ctx, "ckpt."+dev); err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				b.Fatal("no checkpoint committed")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		time.Sleep(50 * time.Millisecond) // let the standby settle
+		b.StartTimer()
+		_ = owner.Process.Signal(syscall.SIGKILL)
+		t0 := time.Now()
+		if _, err := x.Sum().Float32s(ctx); err != nil {
+			b.Fatal(err)
+		}
+		first += time.Since(t0)
+		if _, err := held[tensors/2].Sum().Float32s(ctx); err != nil {
+			b.Fatal(err)
+		}
+		one += time.Since(t0)
+		total = held[0].Sum()
+		for _, t := range held[1:] {
+			total = total.Add(t.Sum())
+		}
+		got, err := total.Float32s(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		all += time.Since(t0)
+		b.StopTimer()
+		if got[0] != want[0] {
+			b.Fatalf("sum after the failover %v, before %v", got[0], want[0])
+		}
+		n++
+		s.Close(ctx)
+		c.Close()
+		killAll(b)
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(first.Milliseconds())/float64(n), "ms-first")
+	b.ReportMetric(float64(one.Milliseconds())/float64(n), "ms-one")
+	b.ReportMetric(float64(all.Milliseconds())/float64(n), "ms-all")
+}
+
+// waitServedB waits until device is served by worker id.
+func waitServedB(b *testing.B, url, device, id string) {
+	b.Helper()
+	c, err := client.Connect(url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		devs, _ := c.Devices(context.Background())
+		for _, d := range devs {
+			if d.Name == device && d.Worker == id && d.State == "serving" {
+				return
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	b.Fatalf("%s never served by %s", device, id)
 }
 
 // BenchmarkReplay measures takeover by replay alone (no checkpoint): a

@@ -100,7 +100,7 @@ func TestKilledWorkerLosesNothing(t *testing.T) {
 	b := brokertest.Run(t)
 	ws := &workers{t: t, url: b.ClientURL(), proc: map[string]*exec.Cmd{}, out: map[string]*output{},
 		args: []string{"--lease-ttl", "500ms", "--checkpoint-interval", "300ms"}}
-	first := ws.start()
+	ws.start()
 	waitDevice(t, b.ClientURL(), "cpu-0")
 	ws.start() // standby
 	c, err := client.Connect(b.ClientURL())
@@ -158,8 +158,11 @@ func TestKilledWorkerLosesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, ws.logs())
 	}
-	if len(killed) != 3 || killed[0] != first {
-		t.Fatalf("killed %v, want 3 owners starting with %s", killed, first)
+	// The lease may move on its own before the first kill when a loaded
+	// machine misses a renewal, so the first owner killed need not be the
+	// first worker started; each kill must still take a distinct owner.
+	if len(killed) != 3 || killed[0] == killed[1] || killed[1] == killed[2] || killed[0] == killed[2] {
+		t.Fatalf("killed %v, want 3 distinct owners", killed)
 	}
 	if len(got) != len(want) {
 		t.Fatalf("%d reads, want %d", len(got), len(want))

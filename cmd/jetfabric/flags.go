@@ -29,6 +29,10 @@ type brokerFlags struct {
 	replicas                          int
 	logs                              bool
 	xferStorage                       string
+	tlsCert, tlsKey, tlsCA            string
+	tlsVerify                         bool
+	auth                              string
+	unservedGrace                     time.Duration
 }
 
 func (f *brokerFlags) register(fs *flag.FlagSet, listen string) {
@@ -44,6 +48,12 @@ func (f *brokerFlags) register(fs *flag.FlagSet, listen string) {
 	fs.StringVar(&f.routes, "routes", "", "comma-separated nats://host:port of every cluster node, with -cluster")
 	fs.IntVar(&f.replicas, "replicas", 1, "replicas of the stream and buckets (3 in a cluster)")
 	fs.BoolVar(&f.logs, "logs", false, "print the NATS server's own log")
+	fs.StringVar(&f.tlsCert, "tls-cert", "", "PEM certificate of the client listener (jetfabric certs writes one): clients must then use TLS; with -cluster the routes use it too, under mutual TLS")
+	fs.StringVar(&f.tlsKey, "tls-key", "", "PEM private key of -tls-cert")
+	fs.StringVar(&f.tlsCA, "tls-ca", "", "PEM certificates of the authorities that sign client certificates (with -tls-verify) and, with -cluster, the routes' peers")
+	fs.BoolVar(&f.tlsVerify, "tls-verify", false, "require every client to present a certificate signed by -tls-ca")
+	fs.StringVar(&f.auth, "auth", os.Getenv("JETFABRIC_AUTH"), "auth directory made by jetfabric tenant init: tenants, operator mode (env JETFABRIC_AUTH)")
+	fs.DurationVar(&f.unservedGrace, "unserved-grace", 30*time.Second, "answer no_device to the frames of a device no worker served this long, and remove them (the broker leading JetStream does)")
 	fs.StringVar(&f.xferStorage, "xfer-storage", "file", "where FABRIC_XFER keeps transfers, large uploads and results: file (survives a broker restart) or memory (faster; lost on restart)")
 }
 
@@ -61,6 +71,7 @@ func (f *brokerFlags) brokerConfig() (broker.Config, error) {
 	cfg.StoreDir, cfg.ConfigFile, cfg.Name = f.store, f.config, f.name
 	cfg.MaxPayload = int32(f.maxPayload)
 	cfg.Users = f.users
+	cfg.AuthDir = f.auth
 	cfg.Logs = f.logs
 	cfg.Provision.Replicas = f.replicas
 	switch f.xferStorage {
@@ -74,8 +85,15 @@ func (f *brokerFlags) brokerConfig() (broker.Config, error) {
 	if cfg.Provision.OpsMaxMsgSize > cfg.MaxPayload {
 		cfg.Provision.OpsMaxMsgSize = cfg.MaxPayload
 	}
+	cfg.TLS = broker.TLSConfig{CertFile: f.tlsCert, KeyFile: f.tlsKey, CAFile: f.tlsCA, Verify: f.tlsVerify}
 	if f.cluster != "" {
 		cfg.Cluster.Name = f.cluster
+		if f.tlsCert != "" {
+			if f.tlsCA == "" {
+				return cfg, fmt.Errorf("-tls-cert with -cluster: the routes verify their peers by -tls-ca: give the CA that signed the nodes' certificates")
+			}
+			cfg.Cluster.TLS = broker.TLSConfig{CertFile: f.tlsCert, KeyFile: f.tlsKey, CAFile: f.tlsCA}
+		}
 		if cfg.Cluster.Host, cfg.Cluster.Port, err = hostPort(f.clusterListen); err != nil {
 			return cfg, fmt.Errorf("-cluster-listen: %w", err)
 		}
@@ -123,6 +141,7 @@ type workerFlags struct {
 	adopt      bool
 	gpus       string // all, N or none; "" (a literal workerFlags) is none
 	tf32       bool
+	noChains   bool
 	noFusion   bool
 	// budget: bytes for every device (>0), or 0 and fraction (of each
 	// device's memory; the host's shared among the CPU devices).
@@ -137,6 +156,7 @@ func (f *workerFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.id, "id", "", "worker id in the registry (default host-pid)")
 	fs.StringVar(&f.gpus, "gpus", "all", "NVIDIA GPUs to serve as gpu-0 ...: all (those found; none without a driver), N (the first N) or none")
 	fs.BoolVar(&f.noFusion, "no-fusion", false, "run every op by itself, even where the backend could fuse runs of elementwise ops")
+	fs.BoolVar(&f.noChains, "no-gpu-chains", false, "launch each elementwise op on a GPU by itself, instead of a run of them as one kernel (the same bits either way)")
 	fs.BoolVar(&f.tf32, "tf32", false, "let float32 matmuls on GPUs use TF32 tensor cores (faster, about 1e-3 relative error)")
 	fs.StringVar(&f.jobs, "jobs", "", "also take jobs of this device kind from the jobs stream (cpu); with -cpus 0, only jobs")
 	fs.BoolVar(&f.adopt, "adopt", false, "also take over cpu devices whose worker died (lease unrenewed for two TTLs, or stopped with sessions), restoring and replaying them; for replicas of one service")
@@ -220,26 +240,56 @@ type clientFlags struct {
 	url      string
 	user     string
 	password string
+	tlsCA    string
+	tlsCert  string
+	tlsKey   string
+	creds    string
 }
 
 func (f *clientFlags) register(fs *flag.FlagSet, def string) {
 	fs.StringVar(&f.url, "url", def, "NATS URL of the fabric (env JETFABRIC_URL)")
 	fs.StringVar(&f.user, "user", os.Getenv("JETFABRIC_USER"), "user name (env JETFABRIC_USER)")
 	fs.StringVar(&f.password, "password", os.Getenv("JETFABRIC_PASSWORD"), "password (env JETFABRIC_PASSWORD)")
+	fs.StringVar(&f.tlsCA, "tls-ca", os.Getenv("JETFABRIC_TLS_CA"), "PEM certificates of the authorities to trust for the broker's TLS certificate, instead of the system's (env JETFABRIC_TLS_CA)")
+	fs.StringVar(&f.tlsCert, "tls-cert", os.Getenv("JETFABRIC_TLS_CERT"), "PEM client certificate, for a broker that verifies its clients (env JETFABRIC_TLS_CERT)")
+	fs.StringVar(&f.tlsKey, "tls-key", os.Getenv("JETFABRIC_TLS_KEY"), "PEM private key of -tls-cert (env JETFABRIC_TLS_KEY)")
+	fs.StringVar(&f.creds, "creds", os.Getenv("JETFABRIC_CREDS"), "creds file of a fabric with tenants: a tenant's, or service.creds for workers (env JETFABRIC_CREDS)")
 }
 
-func (f *clientFlags) natsOptions() []nats.Option {
-	if f.user == "" {
-		return nil
+// natsOptions are the credentials (a creds file, or a user and password)
+// and TLS settings of the flags. A broker that requires TLS is met with
+// TLS without them, trusting the system's authorities.
+func (f *clientFlags) natsOptions() ([]nats.Option, error) {
+	var opts []nats.Option
+	switch {
+	case f.creds != "":
+		opts = append(opts, nats.UserCredentials(f.creds))
+	case f.user != "":
+		opts = append(opts, nats.UserInfo(f.user, f.password))
 	}
-	return []nats.Option{nats.UserInfo(f.user, f.password)}
+	if f.tlsCA != "" || f.tlsCert != "" || f.tlsKey != "" {
+		tc, err := client.TLSConfig(f.tlsCA, f.tlsCert, f.tlsKey)
+		if err != nil {
+			return nil, fmt.Errorf("-tls-ca, -tls-cert, -tls-key: %w", err)
+		}
+		opts = append(opts, nats.Secure(tc))
+	}
+	return opts, nil
 }
 
 func (f *clientFlags) connect() (*client.Client, error) {
 	if err := checkURL(f.url); err != nil {
 		return nil, err
 	}
-	c, err := client.Connect(f.url, client.WithNATSOptions(f.natsOptions()...))
+	nopts, err := f.natsOptions()
+	if err != nil {
+		return nil, err
+	}
+	opts := []client.Option{client.WithNATSOptions(nopts...)}
+	if f.creds != "" {
+		opts = append(opts, client.WithCreds(f.creds))
+	}
+	c, err := client.Connect(f.url, opts...)
 	if err != nil {
 		return nil, connectError(f.url, err)
 	}
@@ -269,11 +319,24 @@ func checkURL(urls string) error {
 // how to fix it.
 func connectError(urls string, err error) error {
 	var nerr net.Error
+	ce := client.NewConnectError(urls, err)
+	switch ce.Cause {
+	case client.ErrTLSUnknownAuthority:
+		return fmt.Errorf("the broker at %s requires TLS and its certificate is signed by an authority this client does not trust: pass -tls-ca with the CA certificate that signed it (env JETFABRIC_TLS_CA; jetfabric certs writes it as ca.pem): %w", urls, ce.Err)
+	case client.ErrTLSHost:
+		return fmt.Errorf("the TLS certificate of the broker at %s is not valid for the host in -url: use a name the certificate holds, or make one with this host (jetfabric certs --hosts): %w", urls, ce.Err)
+	case client.ErrTLSExpired:
+		return fmt.Errorf("the TLS certificate of the broker at %s has expired or is not valid yet: renew it (jetfabric certs --force), or check the clocks: %w", urls, ce.Err)
+	case client.ErrTLSClientCert:
+		return fmt.Errorf("the broker at %s requires a client certificate signed by an authority it trusts: pass -tls-cert and -tls-key (env JETFABRIC_TLS_CERT, JETFABRIC_TLS_KEY; jetfabric certs writes client.pem and client-key.pem): %w", urls, ce.Err)
+	case client.ErrTLSNotOffered:
+		return fmt.Errorf("the broker at %s does not offer TLS: drop tls:// and the -tls flags, or start the broker with -tls-cert and -tls-key: %w", urls, ce.Err)
+	}
 	switch {
 	case errors.Is(err, nats.ErrNoServers):
 		return fmt.Errorf("nothing listens at %s: start a broker there (jetfabric up --store DIR, or make up for containers) or point -url (env JETFABRIC_URL) at one: %w", urls, err)
 	case errors.Is(err, nats.ErrAuthorization):
-		return fmt.Errorf("the broker at %s refused the credentials: pass -user and -password (env JETFABRIC_USER, JETFABRIC_PASSWORD): %w", urls, err)
+		return fmt.Errorf("the broker at %s refused the credentials: pass -creds with a tenant's creds file where it runs with -auth (env JETFABRIC_CREDS; jetfabric tenant add writes one), else -user and -password (env JETFABRIC_USER, JETFABRIC_PASSWORD): %w", urls, err)
 	case errors.Is(err, nats.ErrTimeout), errors.As(err, &nerr) && nerr.Timeout():
 		return fmt.Errorf("%s accepted the connection but did not answer as a NATS server: -url wants the broker's client port (4222 by default), not its monitoring port: %w", urls, err)
 	}

@@ -82,7 +82,7 @@ func (f *workerFlags) withGPUs(cfg worker.Config, logf func(string, ...any)) (wo
 	}
 	var devs []worker.Device
 	for i := range want {
-		b, err := all.OpenGPU(gpus[i].Index, all.WithTF32(f.tf32))
+		b, err := all.OpenGPU(gpus[i].Index, all.WithTF32(f.tf32), all.WithChains(!f.noChains))
 		if err != nil {
 			for _, d := range devs {
 				if c, ok := d.Backend.(interface{ Close() error }); ok {

@@ -8,6 +8,8 @@
 //	jetfabric top       a live view of every device (q quits)
 //	jetfabric bench     latency and throughput against raw NATS
 //	jetfabric train     train an MNIST model on the fabric (starts an embedded fabric without --url)
+//	jetfabric certs     a certificate authority and TLS certificates for a test or small deployment
+//	jetfabric tenant    credentials of a fabric with tenants (init, add, list)
 //	jetfabric healthcheck  exit 0 if a broker's JetStream is healthy
 //	jetfabric version   the build's version
 //
@@ -48,6 +50,8 @@ var commands = []command{
 	{"top", "live view of every device: state, worker, sessions, lag, ops/s", runTop},
 	{"bench", "measure the fabric against raw NATS", runBench},
 	{"train", "train an MNIST model, data-parallel over devices (starts an embedded fabric without --url)", runTrain},
+	{"certs", "make a certificate authority and TLS certificates for brokers and clients", runCerts},
+	{"tenant", "make the credentials of a fabric with tenants: init, add NAME, list", runTenant},
 	{"healthcheck", "exit 0 if a broker's JetStream is healthy", runHealthcheck},
 	{"version", "print the version of this build", runVersion},
 }
@@ -166,12 +170,15 @@ var helps = map[string]commandHelp{
 		"single machine. Clients connect to -listen; the store keeps the stream and checkpoints.",
 		[]string{"jetfabric up --store .jetfabric/store --cpus 2", "jetfabric up --store /var/lib/jetfabric --listen 0.0.0.0:4222 --metrics 127.0.0.1:9090"}},
 	"broker": {"Runs the broker alone: an embedded nats-server with JetStream, provisioning the fabric's\n" +
-		"stream and buckets. Workers and clients connect to it on -listen.",
-		[]string{"jetfabric broker --store /var/lib/jetfabric --listen 0.0.0.0:4222", "jetfabric broker --store /data --name n1 --cluster jetfabric --routes nats://n1:6222,nats://n2:6222,nats://n3:6222 --replicas 3"}},
+		"stream and buckets. Workers and clients connect to it on -listen; with --tls-cert they must use\n" +
+		"TLS (and, with --tls-verify, present a client certificate).",
+		[]string{"jetfabric broker --store /var/lib/jetfabric --listen 0.0.0.0:4222", "jetfabric broker --store /data --name n1 --cluster jetfabric --routes nats://n1:6222,nats://n2:6222,nats://n3:6222 --replicas 3",
+			"jetfabric broker --store /data --tls-cert tls/server.pem --tls-key tls/server-key.pem --tls-ca tls/ca.pem   # TLS required (jetfabric certs)"}},
 	"worker": {"Serves this machine's devices (CPU slots, NVIDIA GPUs) to a fabric: it takes their op frames\n" +
 		"from the broker, runs them and checkpoints the sessions. With --jobs it also takes jobs from\n" +
 		"the job queue; with --adopt it stands by for the devices of workers that die.",
-		[]string{"jetfabric worker --url nats://127.0.0.1:4222 --cpus 2", "jetfabric worker --url nats://broker:4222 --claim cpu --adopt --jobs cpu --metrics 0.0.0.0:9090"}},
+		[]string{"jetfabric worker --url nats://127.0.0.1:4222 --cpus 2", "jetfabric worker --url nats://broker:4222 --claim cpu --adopt --jobs cpu --metrics 0.0.0.0:9090",
+			"jetfabric worker --url tls://broker:4222 --tls-ca tls/ca.pem"}},
 	"demo": {"Runs a short workload that shows the fabric and checks every answer. Without --url it starts\n" +
 		"an embedded fabric of its own (two CPU devices, a job worker and a standby) and also shows a\n" +
 		"transfer between devices, a job through the queue and a worker's death survived.",
@@ -186,6 +193,15 @@ var helps = map[string]commandHelp{
 		"with a GPU --device the GPU kernels; with --scale the job queue on more and more worker\n" +
 		"processes.",
 		[]string{"jetfabric bench", "jetfabric bench --scale 1,2,4 --json"}},
+	"certs": {"Makes a certificate authority of its own (ca.pem, ca-key.pem) and, signed by it, the brokers'\n" +
+		"certificate (server.pem, server-key.pem: valid for --hosts, for the client port and for cluster\n" +
+		"routes) and a client certificate (client.pem, client-key.pem: for brokers run with --tls-verify).\n" +
+		"ECDSA P-256 keys, PEM files; keys readable by their owner only. An authority already in --dir is\n" +
+		"reused, so certificates made again are trusted by clients that have its ca.pem. For development,\n" +
+		"tests and small deployments; a real deployment may bring certificates of its own.",
+		[]string{"jetfabric certs --dir tls --hosts localhost,127.0.0.1,broker,n1,n2,n3",
+			"jetfabric broker --store /data --tls-cert tls/server.pem --tls-key tls/server-key.pem --tls-ca tls/ca.pem",
+			"jetfabric worker --url tls://127.0.0.1:4222 --tls-ca tls/ca.pem"}},
 	"healthcheck": {"Exits 0 if the broker's JetStream answers healthy on its monitoring port (for container\n" +
 		"health checks), else 1.",
 		[]string{"jetfabric healthcheck --http 127.0.0.1:8222"}},
@@ -193,6 +209,10 @@ var helps = map[string]commandHelp{
 		"over --devices, and reports the test accuracy. Without --url it starts an embedded fabric with\n" +
 		"the devices named. The data comes from the Go module cache (or --data).",
 		[]string{"jetfabric train --epochs 1", "jetfabric train --model cnn --devices cpu-0,cpu-1 --save mnist.safetensors"}},
+	"tenant": {"Makes the credentials of a fabric with tenants: init makes an operator, the fabric's account\n" +
+		"and the service user (workers) in --dir; add makes a tenant's creds file and quotas. Start the\n" +
+		"broker with --auth DIR, workers with --creds DIR/service.creds, clients with --creds NAME.creds.",
+		[]string{"jetfabric tenant init --dir auth", "jetfabric tenant add acme --dir auth --sessions 8 --bytes 4GiB --fps 2000 --expires 720h"}},
 	"version": {"Prints the version of this build, the Go version and the platform.",
 		[]string{"jetfabric version", "jetfabric --version"}},
 }

@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"runtime"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/jetfabric/jetfabric/broker"
+	"github.com/jetfabric/jetfabric/sweep"
+	"github.com/jetfabric/jetfabric/tenant"
 	"github.com/jetfabric/jetfabric/worker"
 )
 
@@ -35,6 +38,7 @@ func runBroker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
+	unservedGrace = bf.unservedGrace
 	b, err := startBroker(ctx, cfg)
 	if err != nil {
 		return err
@@ -60,7 +64,38 @@ func startBroker(ctx context.Context, cfg broker.Config) (*broker.Broker, error)
 		_ = b.Shutdown(context.Background())
 		return nil, err
 	}
+	if err := startSweeper(b, unservedGrace); err != nil {
+		_ = b.Shutdown(context.Background())
+		return nil, err
+	}
 	return b, nil
+}
+
+// unservedGrace is how long the frames of a device no worker serves wait
+// before the sweeper answers them no_device and removes them (the flag
+// -unserved-grace of broker and up).
+var unservedGrace = 30 * time.Second
+
+// startSweeper runs the sweeper of frames no worker will run beside b,
+// sweeping while b's node leads JetStream, until b shuts down.
+func startSweeper(b *broker.Broker, grace time.Duration) error {
+	nc, err := b.Connect(nats.Name("jetfabric-sweeper"), nats.MaxReconnects(-1))
+	if err != nil {
+		return err
+	}
+	cfg := sweep.DefaultConfig()
+	cfg.Names, cfg.Grace, cfg.Active = b.Names(), grace, b.MetaLeader
+	sw, err := sweep.New(nc, cfg)
+	if err != nil {
+		nc.Close()
+		return err
+	}
+	sw.Start()
+	b.Attach(func() {
+		sw.Stop()
+		nc.Close()
+	})
+	return nil
 }
 
 func shutdown(b *broker.Broker, w *worker.Worker) error {
@@ -102,20 +137,39 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := checkURL(cf.url); err != nil {
 		return err
 	}
-	nc, err := nats.Connect(cf.url, append(cf.natsOptions(), nats.Name("jetfabric-worker "+wf.id), nats.MaxReconnects(-1))...)
+	nopts, err := cf.natsOptions()
 	if err != nil {
-		return fmt.Errorf("connect: %w", connectError(cf.url, err))
+		return err
+	}
+	logf := logger(stderr, "")
+	nc, err := connectRetrying(ctx, cf.url, append(nopts, nats.Name("jetfabric-worker "+wf.id)), logf)
+	if err != nil {
+		return err
 	}
 	defer nc.Close()
+	if err := waitFabric(ctx, nc, cf.url, logf); err != nil {
+		return err
+	}
 	if *claim != "" {
 		if err := claimDevices(ctx, nc, *claim, &wf); err != nil {
 			return err
 		}
 	}
-	logf := logger(stderr, "")
 	cfg, err := wf.config(logf)
 	if err != nil {
 		return err
+	}
+	// Credentials mean a fabric with tenants: serve theirs too, with the
+	// records signed by the account that issued the credentials.
+	if cf.creds != "" {
+		b, err := os.ReadFile(cf.creds)
+		if err != nil {
+			return err
+		}
+		if cfg.TenantIssuer, err = tenant.Issuer(b); err != nil {
+			return fmt.Errorf("--creds %s: %w", cf.creds, err)
+		}
+		cfg.Tenants = true
 	}
 	cfg, closeGPUs, err := wf.withGPUs(cfg, logf)
 	if err != nil {
@@ -177,6 +231,7 @@ func startFabric(ctx context.Context, bf brokerFlags, wf workerFlags, logw io.Wr
 	if err != nil {
 		return nil, err
 	}
+	unservedGrace = bf.unservedGrace
 	logf := logger(logw, "")
 	wcfg, err := wf.config(logf)
 	if err != nil {
@@ -191,6 +246,7 @@ func startFabric(ctx context.Context, bf brokerFlags, wf workerFlags, logw io.Wr
 		closeGPUs()
 		return nil, err
 	}
+	wcfg.Tenants, wcfg.TenantIssuer = b.AccountKey() != "", b.AccountKey()
 	nc, err := b.Connect(nats.Name("jetfabric-worker " + wcfg.ID))
 	if err != nil {
 		_ = shutdown(b, nil)

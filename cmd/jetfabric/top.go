@@ -141,12 +141,9 @@ func (v *topView) render(ctx context.Context, w io.Writer, devs []client.Device,
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "DEVICE\tSTATE\tWORKER\tSESS\tMEM\tLAG\tOPS/S\tOPS\tBEAT\n")
 	for _, d := range devs {
-		state := d.State
-		if d.State == "serving" && !client.Live(d, now) {
-			state = "lost"
-		}
+		state := deviceState(d, now)
 		rate := "-"
-		if p, ok := v.prev[d.Name]; ok && p.worker == d.Worker && d.Ops >= p.ops && now.Sub(p.at) > 0 && state == "serving" {
+		if p, ok := v.prev[d.Name]; ok && p.worker == d.Worker && d.Ops >= p.ops && now.Sub(p.at) > 0 && client.Live(d, now) {
 			rate = count(uint64(float64(d.Ops-p.ops) / now.Sub(p.at).Seconds()))
 		}
 		v.prev[d.Name] = topSample{worker: d.Worker, ops: d.Ops, at: now}

@@ -114,3 +114,26 @@ func TestTopWidth(t *testing.T) {
 		}
 	}
 }
+
+// TestDeviceState: devices and top show a device that is behind, stalled
+// or stuck, besides lost and the registry's own states.
+func TestDeviceState(t *testing.T) {
+	now := time.Now()
+	serving := client.Device{State: "serving", Beat: now.Add(-time.Second), LastFrame: now.Add(-time.Second)}
+	with := func(edit func(*client.Device)) client.Device { d := serving; edit(&d); return d }
+	for _, tc := range []struct {
+		d    client.Device
+		want string
+	}{
+		{serving, "serving"},
+		{with(func(d *client.Device) { d.State = "stopped" }), "stopped"},
+		{with(func(d *client.Device) { d.Beat = now.Add(-time.Minute) }), "lost"},
+		{with(func(d *client.Device) { d.Lag = 3 }), "behind"},
+		{with(func(d *client.Device) { d.Lag, d.Stalled = 3, true }), "stalled"},
+		{with(func(d *client.Device) { d.Lag, d.LastFrame = 19, now.Add(-92*time.Second) }), "stuck 1m32s"},
+	} {
+		if got := deviceState(tc.d, now); got != tc.want {
+			t.Errorf("%+v: %q, want %q", tc.d, got, tc.want)
+		}
+	}
+}

@@ -38,6 +38,7 @@ type trainFlags struct {
 	every     time.Duration
 	check     int
 	noGraph   bool
+	noChains  bool
 }
 
 // defaultLR is each model's learning rate when -lr is not given: with the
@@ -77,6 +78,7 @@ func (f *trainFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.every, "progress", 3*time.Second, "print a progress line this often (0: none)")
 	fs.IntVar(&f.check, "check-every", 20, "read the loss every this many steps, to report progress and catch a NaN")
 	fs.BoolVar(&f.noGraph, "no-graph", false, "send every step op by op instead of replaying it as a captured graph")
+	fs.BoolVar(&f.noChains, "no-gpu-chains", false, "without -url: launch each elementwise op on a GPU by itself, not a run of them as one kernel (the same bits either way)")
 }
 
 // validate checks the flags and fills the device list.
@@ -181,7 +183,7 @@ func (f *trainFlags) embedded(ctx context.Context, stderr io.Writer) (*fabric, f
 		return nil, nil, fmt.Errorf("%w: -devices %s: no NVIDIA GPU found (a static build has no GPU support; build with cgo, or train on cpu-0)", errFlag, strings.Join(f.devices, ","))
 	}
 	bf := brokerFlags{listen: "127.0.0.1:-1", store: dir, name: "jetfabric", maxPayload: 8 << 20, replicas: 1, xferStorage: "memory"}
-	wf := workerFlags{cpus: cpus, idle: 10 * time.Minute, gpus: gpus}
+	wf := workerFlags{cpus: cpus, idle: 10 * time.Minute, gpus: gpus, noChains: f.noChains}
 	fab, err := startFabric(ctx, bf, wf, stderr)
 	if err != nil {
 		os.RemoveAll(dir)
