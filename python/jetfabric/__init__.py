@@ -19,6 +19,8 @@ from .client import (
     DTYPES,
     Array,
     Fabric,
+    Graph,
+    GraphDef,
     Job,
     JobResult,
     Session,
@@ -35,5 +37,5 @@ from .errors import __all__ as _errors_all
 
 __version__ = "0.1.0"
 
-__all__ = ["DTYPES", "Array", "Fabric", "Job", "JobResult", "Session", "Tensor", "all_gather", "all_reduce",
+__all__ = ["DTYPES", "Array", "Fabric", "Graph", "GraphDef", "Job", "JobResult", "Session", "Tensor", "all_gather", "all_reduce",
            "broadcast", "connect", "live", "reduce_scatter", "__version__"] + list(_errors_all)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import struct
 from typing import Any, Dict, Tuple, Union
 
-__all__ = ["dumps", "loads", "CBORError"]
+__all__ = ["dumps", "dumps_canonical", "loads", "CBORError"]
 
 
 class CBORError(ValueError):
@@ -105,6 +105,70 @@ def dumps(v: Any) -> bytes:
     return bytes(out)
 
 
+def _float_canonical(v: float, out: bytearray) -> None:
+    """The shortest of binary16, 32 and 64 that holds v exactly; NaN as
+    0xf97e00 and the infinities as binary16 (RFC 8949 §4.2.2, as Go's
+    fxamacker/cbor writes them in its core deterministic mode)."""
+    if v != v:
+        out += b"\xf9\x7e\x00"
+        return
+    try:
+        h = struct.pack(">e", v)
+        if struct.unpack(">e", h)[0] == v:
+            out.append(0xF9)
+            out += h
+            return
+    except OverflowError:
+        pass
+    try:
+        f = struct.pack(">f", v)
+        if struct.unpack(">f", f)[0] == v:
+            out.append(0xFA)
+            out += f
+            return
+    except OverflowError:
+        pass
+    out += _pack_d(0xFB, v)
+
+
+def _enc_canonical(v: Any, out: bytearray) -> None:
+    t = type(v)
+    if t is dict:
+        items = []
+        for k, x in v.items():
+            kb = bytearray()
+            _enc_canonical(k, kb)
+            items.append((bytes(kb), x))
+        items.sort(key=lambda kv: kv[0])
+        _head(5, len(items), out)
+        for kb, x in items:
+            out += kb
+            _enc_canonical(x, out)
+    elif t is list or t is tuple:
+        _head(4, len(v), out)
+        for x in v:
+            _enc_canonical(x, out)
+    elif t is float:
+        _float_canonical(v, out)
+    elif t is int:
+        _enc(v, out)
+    elif isinstance(v, float) and t is not bool:
+        _float_canonical(float(v), out)
+    else:
+        _enc(v, out)
+
+
+def dumps_canonical(v: Any) -> bytes:
+    """Encodes v in CBOR's core deterministic encoding (RFC 8949 §4.2.1):
+    map keys sorted by their encoded bytes, every length and integer in its
+    shortest form, floats in the shortest of 16, 32 and 64 bits that holds
+    them exactly. The same value always gives the same bytes, so a graph
+    definition has one name."""
+    out = bytearray()
+    _enc_canonical(v, out)
+    return bytes(out)
+
+
 _unpack_e = struct.Struct(">e").unpack_from
 _unpack_f = struct.Struct(">f").unpack_from
 _unpack_d = struct.Struct(">d").unpack_from
@@ -129,6 +193,9 @@ def _arg(b: bytes, i: int, info: int) -> Tuple[int, int]:
     except (IndexError, struct.error):
         raise CBORError("truncated") from None
     raise CBORError("indefinite or reserved length (additional info %d)" % info)
+
+
+_keys: Dict[bytes, str] = {}  # encoded short text strings (map keys) and their values
 
 
 def _dec(b: bytes, i: int, depth: int) -> Tuple[Any, int]:
@@ -160,7 +227,33 @@ def _dec(b: bytes, i: int, depth: int) -> Tuple[Any, int]:
         if major == 5:
             m = {}
             for _ in range(n):
-                k, i = _dec(b, i, depth + 1)
+                # Keys are short text strings, values often small integers:
+                # both are taken here without a call (a result decodes in
+                # half the time).
+                kb = b[i] if i < len(b) else -1
+                if 0x60 <= kb < 0x78:
+                    j = i + 1 + kb - 0x60
+                    k = _keys.get(b[i:j])
+                    if k is None:
+                        if j > len(b):
+                            raise CBORError("truncated string")
+                        try:
+                            k = b[i + 1 : j].decode("utf-8")
+                        except UnicodeDecodeError:
+                            raise CBORError("invalid UTF-8 in a text string") from None
+                        if len(_keys) < 1024:
+                            _keys[b[i:j]] = k
+                    i = j
+                else:
+                    k, i = _dec(b, i, depth + 1)
+                vb = b[i] if i < len(b) else 0xFF
+                if vb < 24:
+                    try:
+                        m[k] = vb
+                    except TypeError:
+                        raise CBORError("a map key of type %s" % type(k).__name__) from None
+                    i += 1
+                    continue
                 try:
                     m[k], i = _dec(b, i, depth + 1)
                 except TypeError:
@@ -168,6 +261,11 @@ def _dec(b: bytes, i: int, depth: int) -> Tuple[Any, int]:
             return m, i
         a = []
         for _ in range(n):
+            vb = b[i] if i < len(b) else 0xFF
+            if vb < 24:
+                a.append(vb)
+                i += 1
+                continue
             v, i = _dec(b, i, depth + 1)
             a.append(v)
         return a, i

@@ -30,7 +30,7 @@ from .errors import (
     TimeoutError,
     op_error,
 )
-from .nats import Connection, Msg, parse_ack
+from .nats import Connection, Msg, Signal, parse_ack
 from .objectstore import ObjectStore
 
 try:  # numpy is optional
@@ -38,7 +38,7 @@ try:  # numpy is optional
 except ImportError:  # pragma: no cover - depends on the machine
     _np = None
 
-__all__ = ["Fabric", "Session", "Tensor", "Array", "Job", "JobResult", "DTYPES", "connect",
+__all__ = ["Fabric", "Session", "Tensor", "Array", "Job", "JobResult", "Graph", "GraphDef", "DTYPES", "connect",
            "all_reduce", "all_gather", "reduce_scatter", "broadcast", "live"]
 
 PROTOCOL_VERSION = 1
@@ -760,7 +760,7 @@ class _Wait:
     __slots__ = ("ev", "result")
 
     def __init__(self) -> None:
-        self.ev = threading.Event()
+        self.ev = Signal()
         self.result: Optional[dict] = None
 
 
@@ -772,6 +772,7 @@ class Session:
         self.device = device
         self.token = token or secrets.token_hex(16)  # 128 random bits: unguessable
         self.record = record
+        self.graph: Optional["Graph"] = None  # the graph a recording session builds
         self._ops: List[dict] = []
         self._bytes = 0
         self._next_id = 0
@@ -784,7 +785,7 @@ class Session:
         self._inflight = 0
         self._cv = threading.Condition(self._lock)
         self.closed = False
-        self.subject = "%s.ops.%s.%s" % (fabric.prefix, device, self.token)
+        self.subject = "%s.ops.%s.%s" % (fabric.space, device, self.token)
         if record:
             return
         self.inbox = "%s.%s" % (fabric.inbox_prefix, self.token)
@@ -855,6 +856,8 @@ class Session:
         want = _numel(shape) * DTYPES[dtype][0]
         if mv.nbytes != want:
             raise ValueError("%d bytes for %s %s, want %d" % (mv.nbytes, dtype, list(shape), want))
+        if self.graph is not None:
+            raise ValueError("a graph cannot hold upload: make the tensor an input (Graph.input) and bind it at replay")
         t = Tensor(self, self._id(), dtype, shape)
         op: Dict[str, Any] = {"op": "upload", "out": [t.id], "dtype": dtype}
         if shape:
@@ -985,6 +988,44 @@ class Session:
         """Asks the worker to checkpoint the device after this frame."""
         self._queue({"op": "checkpoint"})
 
+    def replay(self, g: "GraphDef", inputs: Sequence[Tensor] = (), scalars: Sequence[float] = ()) -> List[Tensor]:
+        """Queues one op that runs graph g (from Graph.define or
+        Fabric.load_graph) with its placeholders bound to inputs and its
+        scalar placeholders to scalars, and returns its outputs. It reserves
+        the ids the graph's ops would get if they were sent one by one here,
+        so random ops draw the same bits. The counts and the session of the
+        inputs are checked here (ValueError); the worker checks their dtypes
+        and shapes, and a replay with a wrong binding runs nothing: its
+        outputs fail with an OpError whose op is "replay". The outputs carry
+        the dtypes and shapes the graph's builder recorded; those of a graph
+        from load_graph are learned at their first read."""
+        if not isinstance(g, GraphDef):
+            raise TypeError("replay takes a GraphDef (Graph.define, Fabric.load_graph), not %s" % type(g).__name__)
+        if self.closed:
+            raise FabricError("session %s is closed" % self.token)
+        inputs, scalars = list(inputs), list(scalars)
+        if len(inputs) != len(g.inputs):
+            raise ValueError("replay: graph %s takes %d inputs, %d given" % (g.name[:12], len(g.inputs), len(inputs)))
+        if len(scalars) != g.scalars:
+            raise ValueError("replay: graph %s takes %d scalars, %d given" % (g.name[:12], g.scalars, len(scalars)))
+        for j, t in enumerate(inputs):
+            if not isinstance(t, Tensor) or t.s is not self:
+                raise ValueError("replay: input %d of graph %s is not a tensor of this session" % (j, g.name[:12]))
+        n_in = len(g.inputs)
+        base = self._next_id + 1
+        self._next_id += g.internal
+        outs = []
+        for j, local in enumerate(g.outputs):
+            dtype, shape = g.output_metas[j] if j < len(g.output_metas) else ("f32", None)
+            outs.append(Tensor(self, base + local - n_in - 1, dtype, shape))
+        op: Dict[str, Any] = {"op": "replay", "graph": g.name, "base": base, "out": [t.id for t in outs]}
+        if inputs:
+            op["in"] = [t.id for t in inputs]
+        if scalars:
+            op["scalars"] = [float(x) for x in scalars]
+        self._queue(op)
+        return outs
+
     # -- frames and answers ----------------------------------------------------
 
     def flush(self, waited: bool = False) -> None:
@@ -1001,7 +1042,8 @@ class Session:
         ops, self._ops, self._bytes = self._ops, [], 0
         frame = cbor.dumps({"v": PROTOCOL_VERSION, "ops": ops})
         self._frame += 1
-        headers = {"Fabric-Reply": self.inbox, "Fabric-Frame": str(self._frame)}
+        headers = {"Fabric-Reply": self.inbox, "Fabric-Frame": str(self._frame),
+                   "Nats-Msg-Id": "%s-%d" % (self.subject, self._frame)}
         if waited:
             self.f.conn.publish(self.subject, frame, headers=headers)
             return
@@ -1019,6 +1061,16 @@ class Session:
 
     def _stored(self, frame: int) -> bool:
         """Whether the stream stored frame (or a later one) of this session."""
+        if self.f.tenant:
+            # A tenant reads the last frame on its own subject, in the
+            # direct get's subject form.
+            m = self.f.conn.request("$JS.API.DIRECT.GET.%s.%s" % (self.f.ops_stream, self.subject), b"")
+            if m.status == "404" or m.status:
+                return False
+            try:
+                return int(m.headers.get("Fabric-Frame", "0")) >= frame
+            except ValueError:
+                return False
         try:
             r = self.f.conn.js_api("STREAM.MSG.GET." + self.f.ops_stream, {"last_by_subj": self.subject})
         except JetStreamError as e:
@@ -1084,6 +1136,8 @@ class Session:
 
     def _call(self, op: dict, timeout: Optional[float]) -> dict:
         if self.record:
+            if self.graph is not None:
+                raise FabricError("a graph cannot %s: name its outputs in Graph.define" % op.get("op"))
             raise FabricError("a job cannot read or sync: name its outputs when submitting")
         if self._failure is not None:
             raise self._failure
@@ -1197,6 +1251,171 @@ class JobResult:
         return Array(o["dtype"], o.get("shape") or (), data)
 
 
+# -- graphs -----------------------------------------------------------------
+
+# Ops a graph cannot hold: they talk to the client or to other devices, or
+# change the session rather than make tensors (docs/PROTOCOL.md §11).
+_HOST_OPS = ("upload", "read", "sync", "seed", "close", "checkpoint", "expose", "import",
+             "all_reduce", "all_gather", "reduce_scatter", "broadcast", "replay")
+
+# The attributes a scalar placeholder may set.
+_BIND_ATTRS = ("value", "low", "high", "mean", "std", "eps", "p", "lr", "t")
+
+
+class GraphDef:
+    """A captured graph as stored: name (the SHA-256 of the canonical CBOR
+    definition, hex), definition (the decoded map), data (its bytes),
+    inputs (each placeholder's dtype and shape), scalars (how many scalar
+    placeholders), outputs (local ids) and internal (the ids a replay
+    reserves: one for every tensor the graph makes)."""
+
+    def __init__(self, definition: dict, data: bytes, output_metas: Optional[List[Tuple[str, Optional[Shape]]]] = None):
+        import hashlib
+        self.definition = definition
+        self.data = data
+        self.name = hashlib.sha256(data).hexdigest()
+        self.inputs: List[Tuple[str, Shape]] = [(p.get("dtype", ""), tuple(p.get("shape") or ()))
+                                                for p in definition.get("inputs") or []]
+        self.scalars: int = int(definition.get("scalars", 0) or 0)
+        self.outputs: List[int] = list(definition.get("outputs") or [])
+        self.internal = sum(len(op.get("out") or []) for op in definition.get("ops") or [])
+        self.output_metas = output_metas or []
+
+    def __repr__(self) -> str:
+        return "GraphDef(%s, %d ops, %d inputs, %d outputs)" % (self.name[:12], len(self.definition.get("ops") or []),
+                                                               len(self.inputs), len(self.outputs))
+
+
+class Graph:
+    """Records a program for replay (docs/PROTOCOL.md §11): ops built on
+    its session are kept, never sent. Its tensors start at placeholders
+    (input), its float attributes may take scalar placeholders (scalar and
+    bind); define stores it and returns the GraphDef that Session.replay
+    runs. A replay runs the ops exactly as the session would run them sent
+    one by one at that point, with the same ids, so random ops draw the
+    same bits; the tensors the graph makes and does not output are freed
+    on the worker once the graph is done with them.
+
+    >>> g = fab.graph()
+    >>> x = g.input("f32", [2, 3])
+    >>> lr = g.scalar(0.1)
+    >>> step = g.session.full([2, 3], 0.1)
+    >>> g.bind(step, "value", lr)
+    >>> d = g.define(x - step)
+    >>> (y,) = s.replay(d, [s.tensor([[1.0] * 3] * 2)], [0.5])
+    """
+
+    def __init__(self, fabric: "Fabric"):
+        self.f = fabric
+        self.s = Session(fabric, "graph", token="graph", record=True)
+        self.s.graph = self
+        self._inputs: List[int] = []
+        self._metas: List[dict] = []
+        self._scalars: List[float] = []
+        self._names: List[str] = []
+        self._binds: List[dict] = []
+
+    @property
+    def session(self) -> Session:
+        """The recording session: build the graph's ops on it and on its tensors."""
+        return self.s
+
+    def input(self, dtype: str, shape: Sequence[int]) -> Tensor:
+        """A tensor placeholder of dtype and shape; a replay binds a session
+        tensor of exactly that dtype and shape to it."""
+        _check_dtype(dtype)
+        shape = [int(d) for d in shape]
+        t = Tensor(self.s, self.s._id(), dtype, shape)
+        self._inputs.append(t.id)
+        self._metas.append({"dtype": dtype, "shape": shape})
+        return t
+
+    def scalar(self, value: float, name: str = "") -> int:
+        """A scalar placeholder, numbered from 0; value is the one the graph
+        is validated with, each replay gives its own. A name given before
+        returns that placeholder again, so parts of a program share it."""
+        if name and name in self._names:
+            return self._names.index(name)
+        self._scalars.append(float(value))
+        self._names.append(name)
+        return len(self._scalars) - 1
+
+    def bind(self, t: Tensor, attr: str, scalar: int) -> None:
+        """Makes attribute attr of the op that made t take scalar placeholder
+        scalar at each replay (attr: value, low, high, mean, std, eps, p, lr, t)."""
+        if not 0 <= scalar < len(self._scalars):
+            raise ValueError("bind: scalar %d of %d" % (scalar, len(self._scalars)))
+        if attr not in _BIND_ATTRS:
+            raise ValueError("bind: attribute %r cannot take a scalar (one of %s)" % (attr, ", ".join(_BIND_ATTRS)))
+        if not isinstance(t, Tensor) or t.s is not self.s:
+            raise ValueError("bind takes a tensor of the graph")
+        for k in range(len(self.s._ops) - 1, -1, -1):
+            if t.id in (self.s._ops[k].get("out") or ()):
+                self._binds.append({"op": k, "attr": attr, "scalar": scalar})
+                return
+        raise ValueError("bind: tensor %d is a placeholder, not made by an op of the graph" % t.id)
+
+    def build(self, *outputs: Tensor) -> GraphDef:
+        """The definition of the graph with outputs, not stored. Ids are
+        renumbered to the canonical spelling (placeholders 1..n, then the
+        tensors made in order) and the map is encoded canonically, so the
+        same program always has the same name."""
+        local: Dict[int, int] = {tid: j + 1 for j, tid in enumerate(self._inputs)}
+        nxt = len(self._inputs) + 1
+        ops = []
+        for k, op in enumerate(self.s._ops):
+            name = op.get("op", "")
+            if name in _HOST_OPS:
+                raise ValueError("a graph cannot hold %s (op %d)" % (name, k))
+            o = dict(op)
+            ins = []
+            for tid in op.get("in") or ():
+                if tid not in local:
+                    raise ValueError("op %d (%s) of the graph reads tensor %d, made outside the graph" % (k, name, tid))
+                ins.append(local[tid])
+            outs = []
+            for tid in op.get("out") or ():
+                local[tid] = nxt
+                outs.append(nxt)
+                nxt += 1
+            o.pop("in", None)
+            o.pop("out", None)
+            if ins:
+                o["in"] = ins
+            if outs:
+                o["out"] = outs
+            ops.append(o)
+        out_ids, metas = [], []
+        for j, t in enumerate(outputs):
+            if not isinstance(t, Tensor) or t.s is not self.s or t.id not in local:
+                raise ValueError("output %d is not a tensor of the graph" % j)
+            out_ids.append(local[t.id])
+            metas.append((t.dtype, t.shape))
+        d: Dict[str, Any] = {"v": PROTOCOL_VERSION, "ops": ops}
+        if self._metas:
+            d["inputs"] = [dict(m) for m in self._metas]
+        if self._scalars:
+            d["scalars"] = len(self._scalars)
+        if out_ids:
+            d["outputs"] = out_ids
+        if self._binds:
+            d["binds"] = [dict(b) for b in self._binds]
+        data = cbor.dumps_canonical(d)
+        if len(data) > _MAX_GRAPH_BYTES:
+            raise ValueError("graph definition of %d bytes, at most %d" % (len(data), _MAX_GRAPH_BYTES))
+        return GraphDef(d, data, metas)
+
+    def define(self, *outputs: Tensor) -> GraphDef:
+        """Builds the graph with outputs and stores it where every worker
+        finds it (Fabric.store_graph); storing a graph stored before changes nothing."""
+        g = self.build(*outputs)
+        self.f.store_graph(g)
+        return g
+
+
+_MAX_GRAPH_BYTES = 1 << 20
+
+
 # -- the fabric -------------------------------------------------------------
 
 def _parse_time(s: str) -> float:
@@ -1229,13 +1448,35 @@ class Fabric:
     def __init__(self, url: str = "nats://127.0.0.1:4222", prefix: str = "fabric", timeout: float = 10.0,
                  read_timeout: float = 60.0, max_ops: int = 4096, max_frame: int = 1 << 20,
                  inline_upload: int = 1 << 20, publish_window: int = 256, frame_check: float = 0.2,
-                 **conn_opts: Any):
+                 creds: str = "", tenant: str = "", heartbeat: float = 30.0, **conn_opts: Any):
         self.prefix = prefix
         upper = prefix.upper().replace("-", "_")
         self.ops_stream = upper + "_OPS"
         self.ctrl_bucket = upper + "_CTRL"
         self.xfer_bucket = upper + "_XFER"
+        self.graph_bucket = upper + "_GRAPHS"
+        if heartbeat < 0:
+            raise ValueError("heartbeat %r: want seconds between beats, or 0 for none" % heartbeat)
+        self.heartbeat = heartbeat
         self.inbox_prefix = "_INBOX_" + prefix
+        self.space = prefix
+        if creds and not tenant:
+            from . import nkeys
+            try:
+                claims = nkeys.jwt_claims(nkeys.read_creds(creds)[0])
+            except (OSError, ValueError) as e:
+                raise FabricError("creds %s: %s" % (creds, e)) from None
+            perms = (claims.get("nats") or {}).get("pub") or {}
+            if perms.get("allow"):  # the service user has no permissions
+                tenant = claims.get("name", "")
+        # A tenant's frames, replies and objects (docs/PROTOCOL.md, Tenants).
+        self.tenant = tenant
+        if tenant:
+            self.space = "%s.t.%s" % (prefix, tenant)
+            self.inbox_prefix = "_INBOX_%s.t.%s" % (prefix, tenant)
+            self.xfer_bucket = "%s_XFER_%s" % (upper, tenant)
+        if creds:
+            conn_opts["creds"] = creds
         self.timeout = timeout
         self.read_timeout = read_timeout
         self.conn = Connection(url, timeout=timeout, inbox_prefix=self.inbox_prefix, **conn_opts)
@@ -1248,6 +1489,8 @@ class Fabric:
         self._sessions: List[Session] = []
         self._default: Optional[Session] = None
         self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._beater: Optional[threading.Thread] = None
 
     def __enter__(self) -> "Fabric":
         return self
@@ -1262,7 +1505,25 @@ class Fabric:
                 s.close(timeout=5)
             except FabricError:
                 pass
-        self.conn.close()
+        self._stop.set()
+        self.conn.close()  # first: a beat blocked in a send fails at once
+        if self._beater is not None and self._beater is not threading.current_thread():
+            self._beater.join(5)
+
+    def _beat(self) -> None:
+        """Tells the workers, every heartbeat seconds, that the open sessions
+        are alive (docs/PROTOCOL.md §1), so that a session waiting on its
+        client is not freed as idle: an empty core NATS message on
+        <prefix>.alive.<device>.<session> each. Runs from the first session
+        until close; a lost beat is made up by the next."""
+        while not self._stop.wait(self.heartbeat):
+            with self._lock:
+                subjects = ["%s.alive.%s.%s" % (self.prefix, s.device, s.token) for s in self._sessions if not s.closed]
+            for subj in subjects:
+                try:
+                    self.conn.publish(subj, b"")
+                except FabricError:
+                    return  # the connection is gone: nothing to keep alive
 
     def _forget(self, s: Session) -> None:
         with self._lock:
@@ -1274,7 +1535,13 @@ class Fabric:
     # -- devices -------------------------------------------------------------
 
     def devices(self) -> List[dict]:
-        """Every device's registry entry (docs §8), sorted by name."""
+        """Every device's registry entry (docs §8), sorted by name. A tenant
+        asks the broker's registry service (docs §14)."""
+        if self.tenant:
+            m = self.conn.request("%s.svc.registry" % self.prefix, b"")
+            if m.headers.get("Nats-Service-Error"):
+                raise FabricError("device registry: %s" % m.headers.get("Nats-Service-Error"))
+            return sorted(json.loads(m.data), key=lambda d: d.get("name", ""))
         stream = "KV_" + self.ctrl_bucket
         prefix = "$KV.%s.device." % self.ctrl_bucket
         info = self.conn.js_api("STREAM.INFO." + stream, {"subjects_filter": prefix + ">"})
@@ -1299,6 +1566,14 @@ class Fabric:
         out.sort(key=lambda d: d.get("name", ""))
         return out
 
+    def device(self, name: str) -> Optional[dict]:
+        """A device's registry entry, or None, by a direct get of its key."""
+        subject = "$KV.%s.device.%s" % (self.ctrl_bucket, name)
+        m = self.conn.request("$JS.API.DIRECT.GET.KV_%s.%s" % (self.ctrl_bucket, subject), b"")
+        if m.status or m.headers.get("KV-Operation") in ("DEL", "PURGE") or not m.data:
+            return None
+        return json.loads(m.data)
+
     def live_devices(self) -> List[str]:
         """The names of the live devices."""
         return [d["name"] for d in self.devices() if live(d)]
@@ -1313,6 +1588,9 @@ class Fabric:
         s = Session(self, device)
         with self._lock:
             self._sessions.append(s)
+            if self._beater is None and self.heartbeat > 0:
+                self._beater = threading.Thread(target=self._beat, name="jetfabric-heartbeat", daemon=True)
+                self._beater.start()
         return s
 
     open = session
@@ -1334,40 +1612,55 @@ class Fabric:
     # -- uploads and large results -------------------------------------------
 
     def _upload_object(self, s: Session, op: Dict[str, Any], mv: memoryview) -> None:
-        """Uploads through the object store (docs §7): the chunks go out at
-        once on a chunk subject of our own while another thread hashes; when
-        the digest is known, the object is named upload-<sha256 hex> and the
-        op is sent naming it and the chunk subject, so the worker copies the
-        chunks as they are stored; if that object exists, the write stops
-        and the op names it alone."""
+        """Uploads through the object store (docs §7), named by content as
+        upload-<sha256 hex>, so the same bytes are stored once.
+
+        A session's upload sends its op at once, naming an alias,
+        upload-<chunk subject token>, and the chunk subject, so the worker
+        copies every chunk as the broker takes it; the chunks go out while
+        another thread hashes them. When the digest is known, either those
+        bytes were stored before (the write stops and its chunks are purged)
+        or the write finishes under the digest's name; either way the alias
+        is then made a link to the object named by the digest. A failed
+        write marks the alias deleted with the reason, which the worker
+        reports. A job's upload is written whole first (its op must name a
+        complete object)."""
         nuid = secrets.token_hex(16)
+        target: List[str] = []
 
-        def named(sha: bytes) -> Optional[str]:
-            name = "upload-" + sha.hex()
-            op["object"] = name
-            try:
-                meta = self.objects.info(name)
-            except FabricError:
-                meta = None
-            if meta is not None and not meta.get("deleted") and meta.get("size") == mv.nbytes:
-                s._queue(op)  # stored before: the same bytes are not written twice
-                if not s.record:
-                    s.flush()
-                return None
-            if not s.record:
-                op["nuid"] = nuid
+        def named(sha: bytes) -> str:
+            target.append("upload-" + sha.hex())
+            return target[0]
+
+        if s.record:
+            # Stored before or written now, the object is complete when the op is queued.
+            self.objects.put(named, mv, nuid=nuid)
+            op["object"] = target[0]
             s._queue(op)
-            if not s.record:
-                s.flush()  # the worker copies the chunks as they are stored
-            return name
-
-        self.objects.put(named, mv, nuid=nuid)
+            return
+        alias = "upload-" + nuid
+        op["object"], op["nuid"] = alias, nuid
+        s._queue(op)
+        s.flush()
+        try:
+            self.objects.put(named, mv, nuid=nuid)  # None when those bytes were stored before
+            self.objects.link(alias, target[0])
+        except BaseException as e:
+            # The worker follows the alias: tell it why nothing will come.
+            try:
+                self.objects.abort(alias, nuid, "the client's upload failed: %s" % (e or type(e).__name__))
+            except FabricError:
+                pass
+            raise
 
     def _fetch_result(self, td: dict, timeout: Optional[float]) -> bytearray:
         name = td["object"]
         wait = self.read_timeout if timeout is None else timeout
         if td.get("nuid"):
-            data, meta = self.objects.follow(name, td["nuid"], timeout=wait)
+            size = None
+            if td.get("dtype") in DTYPES:
+                size = _numel(td.get("shape") or ()) * DTYPES[td["dtype"]][0]
+            data, meta = self.objects.follow(name, td["nuid"], timeout=wait, size=size)
         else:
             meta = self.objects.wait(name, timeout=wait)
             data = self.objects.get(name, meta)
@@ -1376,6 +1669,51 @@ class Fabric:
         except FabricError:
             pass
         return data
+
+    # -- graphs ----------------------------------------------------------------
+
+    def graph(self) -> Graph:
+        """A new graph to record ops into (see Graph)."""
+        return Graph(self)
+
+    def store_graph(self, g: GraphDef) -> None:
+        """Stores g in the graph bucket (key-value, FABRIC_GRAPHS) under its
+        name with a create; a key that exists holds the same bytes, so that
+        is success too."""
+        import hashlib
+        if hashlib.sha256(g.data).hexdigest() != g.name:
+            raise ValueError("graph definition named %s does not hash to its name" % g.name[:12])
+        subject = "$KV.%s.%s" % (self.graph_bucket, self._graph_key(g.name))
+        try:
+            self.conn.js_publish(subject, g.data, headers={"Nats-Expected-Last-Subject-Sequence": "0"})
+        except JetStreamError as e:
+            if e.err_code != 10071:  # wrong last sequence: the key exists
+                raise JetStreamError("store graph %s: %s" % (g.name[:12], e), e.code, e.err_code, e.description) from None
+
+    def _graph_key(self, name: str) -> str:
+        """The key of graph name in the graph bucket: a tenant's keys are
+        t.<tenant>.<name> (docs/PROTOCOL.md, Tenants)."""
+        return "t.%s.%s" % (self.tenant, name) if self.tenant else name
+
+    def load_graph(self, name: str) -> GraphDef:
+        """The stored graph named name (64 hex digits)."""
+        import hashlib
+        if len(name) != 64 or any(c not in "0123456789abcdef" for c in name):
+            raise ValueError("graph name %r: want 64 lower-case hex digits" % name)
+        # The direct get in its subject form: the one a tenant may use.
+        m = self.conn.request("$JS.API.DIRECT.GET.KV_%s.$KV.%s.%s" % (self.graph_bucket, self.graph_bucket, self._graph_key(name)), b"")
+        if m.status and m.status not in ("200", "404"):
+            raise JetStreamError("load graph %s: status %s %s" % (name[:12], m.status, m.headers.get("Description", "")),
+                                 int(m.status), 0, m.headers.get("Description", ""))
+        if m.status == "404" or not m.data or m.headers.get("KV-Operation") in ("DEL", "PURGE"):
+            raise FabricError("graph %s is not stored in %s" % (name, self.graph_bucket))
+        data = bytes(m.data)
+        if hashlib.sha256(data).hexdigest() != name:
+            raise FabricError("graph %s: the stored bytes hash to another name" % name)
+        d = cbor.loads(data)
+        if not isinstance(d, dict) or d.get("v") != PROTOCOL_VERSION:
+            raise FabricError("graph %s: not a version %d definition" % (name, PROTOCOL_VERSION))
+        return GraphDef(d, data)
 
     # -- jobs ----------------------------------------------------------------
 

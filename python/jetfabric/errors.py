@@ -12,11 +12,12 @@ import builtins
 from typing import Dict, List, Optional, Type
 
 __all__ = [
-    "FabricError", "ConnectionClosedError", "TimeoutError", "NoRespondersError", "MaxPayloadError",
+    "FabricError", "ConnectionClosedError", "TLSError", "TimeoutError", "NoRespondersError", "MaxPayloadError",
     "JetStreamError", "ObjectStoreError", "OpError", "error_class",
     "MalformedError", "VersionError", "UnknownOpError", "ArityError", "ShapeError", "DTypeError",
     "AttrError", "UnknownIDError", "FailedIDError", "DuplicateError", "TooLargeError", "LimitError",
-    "UnavailableError", "InternalError",
+    "UnavailableError", "InternalError", "ResourceExhaustedError", "SessionFreedError", "UnknownGraphError",
+    "InvalidGraphError",
 ]
 
 
@@ -26,6 +27,12 @@ class FabricError(Exception):
 
 class ConnectionClosedError(FabricError):
     """The connection to the broker could not be made or was lost."""
+
+
+class TLSError(ConnectionClosedError):
+    """A TLS connection could not be made, or TLS is required and was
+    refused; the message says why and which argument fixes it (tls_ca,
+    tls_cert and tls_key, tls)."""
 
 
 class TimeoutError(FabricError, builtins.TimeoutError):
@@ -100,10 +107,17 @@ TooLargeError = _code("TooLargeError", "too_large", "Over the rank or element li
 LimitError = _code("LimitError", "limit", "Over a sessions, memory or ops-per-frame limit.")
 UnavailableError = _code("UnavailableError", "unavailable", "An object named by the op is missing or unreadable.")
 InternalError = _code("InternalError", "internal", "The backend failed.")
+ResourceExhaustedError = _code("ResourceExhaustedError", "resource_exhausted",
+                               "The op's outputs would take the device past its memory budget.")
+SessionFreedError = _code("SessionFreedError", "session_freed",
+                          "The session was freed as idle (no frame and no heartbeat for the worker's idle timeout).")
+UnknownGraphError = _code("UnknownGraphError", "unknown_graph", "A replay names a graph that is not stored.")
+InvalidGraphError = _code("InvalidGraphError", "invalid_graph", "A stored graph definition does not decode or validate.")
 
 _BY_CODE: Dict[str, Type[OpError]] = {c.code: c for c in (
     MalformedError, VersionError, UnknownOpError, ArityError, ShapeError, DTypeError, AttrError, UnknownIDError,
-    FailedIDError, DuplicateError, TooLargeError, LimitError, UnavailableError, InternalError)}
+    FailedIDError, DuplicateError, TooLargeError, LimitError, UnavailableError, InternalError, ResourceExhaustedError,
+    SessionFreedError, UnknownGraphError, InvalidGraphError)}
 
 
 def error_class(code: str) -> Type[OpError]:

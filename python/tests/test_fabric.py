@@ -366,7 +366,24 @@ class TestObjectStore(FabricTest):
         n = 6 << 20  # f32 elements: 24 MiB, over the inline limits both ways
         data = bytes(random.Random(5).getrandbits(8) for _ in range(4096)) * (n * 4 // 4096)
         t = self.s.upload(data, "f32", [n])
-        back = t.read()
+        store, gets, placers = fab.objects, [], []
+        real_get, real_finish = store.get, jetfabric.objectstore._Placer.finish
+
+        def finish(placer):
+            placers.append(placer)
+            return real_finish(placer)
+
+        store.get = lambda *a, **k: gets.append(a) or real_get(*a, **k)
+        jetfabric.objectstore._Placer.finish = finish
+        try:
+            back = t.read()
+        finally:
+            store.get = real_get
+            jetfabric.objectstore._Placer.finish = real_finish
+        self.assertEqual(len(placers), 1)
+        if placers[0].first >= 0:  # chunks came live (all may be stored first on a stalled machine)
+            self.assertFalse(placers[0].bad, "the live chunks could not be placed")
+            self.assertEqual(gets, [], "the result was read again from the stream, not taken as it was written")
         self.assertEqual(back.shape, (n,))
         self.assertEqual(hashlib.sha256(back.data).digest(), hashlib.sha256(data).digest())
         # A result over the inline limit comes through the object store and is deleted once read.
@@ -399,6 +416,92 @@ class TestObjectStore(FabricTest):
             store.get(name)
         with self.assertRaises(jetfabric.UnavailableError):
             self.s.op("upload", [], dtype="u8", shape=(4,), attrs={"dtype": "u8", "shape": [4], "object": name}).tolist()
+
+
+    def test_follow(self):
+        """A reader following a write takes the chunks live into place; those
+        stored before it subscribed come from the stream; chunks whose reply
+        subjects do not name their places make it read the stored object."""
+        import threading
+        store = fab.objects
+        data = os.urandom(10 * 65536 + 1000)
+        pieces = [data[i:i + 65536] for i in range(0, len(data), 65536)]
+        for case, before, label in (("live", 0, str), ("stored first", 4, str), ("mislabeled", 0, lambda i: str(i + 1))):
+            name, nuid = "pytest-follow-" + secrets.token_hex(8), secrets.token_hex(16)
+            subj = store.chunk_subject(nuid)
+            acks = []
+            cv = threading.Condition()
+
+            def on_ack(m):
+                with cv:
+                    acks.append(m)
+                    cv.notify_all()
+
+            reply, token = fab.conn.new_reply(on_ack)
+
+            def publish(i):
+                fab.conn.publish(subj, pieces[i], reply="%s.%s" % (reply, label(i)))
+
+            def wait_acks(n):
+                deadline = time.monotonic() + 20
+                with cv:
+                    while len(acks) < n:
+                        self.assertGreater(deadline - time.monotonic(), 0, "%s: acks" % case)
+                        cv.wait(deadline - time.monotonic())
+
+            for i in range(before):
+                publish(i)
+            wait_acks(before)
+            gets = []
+            real_get = store.get
+            store.get = lambda *a, **k: gets.append(a) or real_get(*a, **k)
+            got = {}
+            reader = threading.Thread(target=lambda: got.update(r=store.follow(name, nuid, timeout=20, size=len(data))))
+            try:
+                reader.start()
+                deadline = time.monotonic() + 20
+                while not any(sub.subject == subj for sub in list(fab.conn._subs.values())):
+                    self.assertGreater(deadline - time.monotonic(), 0, "%s: the reader did not subscribe" % case)
+                    time.sleep(0.001)
+                fab.conn.flush()
+                for i in range(before, len(pieces)):
+                    publish(i)
+                wait_acks(len(pieces))
+                for m in acks:
+                    jetfabric.nats.parse_ack(m, subj)
+                store._publish_meta({"name": name, "bucket": store.bucket, "nuid": nuid, "size": len(data),
+                                     "chunks": len(pieces), "mtime": "2026-11-24T00:00:00Z",
+                                     "digest": jetfabric.objectstore.digest_string(hashlib.sha256(data).digest())})
+                reader.join(30)
+            finally:
+                store.get = real_get
+                fab.conn.drop_reply(token)
+            out, meta = got["r"]
+            self.assertEqual(bytes(out), data, case)
+            self.assertEqual(len(gets), 1 if case == "mislabeled" else 0, case)
+            store.delete(name)
+
+    def test_upload_failure_reaches_the_worker(self):
+        """An upload whose write fails marks its alias deleted with the
+        reason; the worker following it fails the op with that reason."""
+        store = fab.objects
+        real_put = store.put
+
+        def failing_put(name, data, **kw):
+            def named(sha):
+                raise OSError("disk on fire")
+            return real_put(named, data, **kw)
+
+        store.put = failing_put
+        try:
+            with self.assertRaisesRegex(OSError, "disk on fire"):
+                self.s.upload(os.urandom(3 << 20), "u8", [3 << 20])
+        finally:
+            store.put = real_put
+        with self.assertRaises(jetfabric.UnavailableError) as cm:
+            self.s.sync()
+        self.assertIn("the client's upload failed: disk on fire", str(cm.exception))
+        self.assertEqual(self.s.tensor([1.0]).tolist(), [1.0])  # the session goes on
 
 
 class TestBadInput(FabricTest):
@@ -558,6 +661,15 @@ class TestSessionsAndJobs(FabricTest):
         res = fab.wait_job(jid, timeout=30)
         res.check()
         self.assertEqual(res.output(0).tolist(), [17.0, 37.0])
+        # An input over the inline limit is written to the object store whole
+        # before the job names it; the same bytes again are not written twice.
+        raw = bytes(range(256)) * (3 << 12)  # 3 MiB
+        for _ in range(2):
+            big = fab.job()
+            u = big.upload(raw, "u8", [len(raw)])
+            res = fab.wait_job(fab.submit("cpu", big, [u.cast("i64").sum()]), timeout=30)
+            res.check()
+            self.assertEqual(res.output(0).tolist(), sum(range(256)) * (3 << 12))
         bad = fab.job()
         o = bad.tensor([1.0, 2.0]) + bad.tensor([1.0, 2.0, 3.0])
         res = fab.wait_job(fab.submit("cpu", bad, [o]), timeout=30)
