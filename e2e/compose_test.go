@@ -105,15 +105,17 @@ func newProject(t testing.TB) *project {
 	for _, env := range []string{"JETFABRIC_PORT", "JETFABRIC_HTTP_PORT", "JETFABRIC_METRICS_PORT",
 		"JETFABRIC_N1_PORT", "JETFABRIC_N2_PORT", "JETFABRIC_N3_PORT",
 		"JETFABRIC_N1_HTTP_PORT", "JETFABRIC_N2_HTTP_PORT", "JETFABRIC_N3_HTTP_PORT",
-		"JETFABRIC_N1_METRICS_PORT", "JETFABRIC_N2_METRICS_PORT", "JETFABRIC_N3_METRICS_PORT"} {
+		"JETFABRIC_N1_METRICS_PORT", "JETFABRIC_N2_METRICS_PORT", "JETFABRIC_N3_METRICS_PORT",
+		"JETFABRIC_TLS_PORT", "JETFABRIC_TLS_HTTP_PORT", "JETFABRIC_TLS_METRICS_PORT",
+		"JETFABRIC_TENANTS_PORT", "JETFABRIC_TENANTS_HTTP_PORT", "JETFABRIC_TENANTS_METRICS_PORT"} {
 		p.ports[env] = freePort(t)
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			out, _ := p.composeOut("--profile", "cluster", "logs", "--no-color", "--tail", "40")
+			out, _ := p.composeOut("--profile", "cluster", "--profile", "tls", "--profile", "tenants", "logs", "--no-color", "--tail", "40")
 			t.Logf("logs of %s:\n%s", p.name, out)
 		}
-		if out, err := p.composeOut("--profile", "cluster", "down", "-v", "--remove-orphans", "-t", "5"); err != nil {
+		if out, err := p.composeOut("--profile", "cluster", "--profile", "tls", "--profile", "tenants", "down", "-v", "--remove-orphans", "-t", "5"); err != nil {
 			t.Errorf("compose down %s: %v\n%s", p.name, err, out)
 		}
 	})

@@ -5,6 +5,7 @@ package natscli_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,9 +15,15 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/jetfabric/jetfabric/broker"
 	"github.com/jetfabric/jetfabric/broker/brokertest"
+	"github.com/jetfabric/jetfabric/codec"
+	"github.com/jetfabric/jetfabric/internal/poll"
 	"github.com/jetfabric/jetfabric/kernels/cpu"
+	"github.com/jetfabric/jetfabric/subjects"
+	"github.com/jetfabric/jetfabric/tenant"
 	"github.com/jetfabric/jetfabric/worker"
+	"github.com/jetfabric/jetfabric/worker/workertest"
 )
 
 const (
@@ -26,7 +33,10 @@ const (
 )
 
 // readmeBlock returns the sh block that follows the marker in the README.
-func readmeBlock(t *testing.T) string {
+func readmeBlock(t *testing.T) string { return readmeBlockAt(t, marker) }
+
+// readmeBlockAt returns the sh block that follows marker in the README.
+func readmeBlockAt(t *testing.T, marker string) string {
 	t.Helper()
 	b, err := os.ReadFile(readmePath)
 	if err != nil {
@@ -80,7 +90,10 @@ func startFabric(t *testing.T) string {
 
 // runBlock runs the block with bash, the README's URL replaced by url,
 // in a scratch HOME so no saved nats context applies.
-func runBlock(t *testing.T, block, url string) string {
+func runBlock(t *testing.T, block, url string) string { return runBlockIn(t, block, url, "") }
+
+// runBlockIn is runBlock in directory dir ("": the test's).
+func runBlockIn(t *testing.T, block, url, dir string) string {
 	t.Helper()
 	bash, err := exec.LookPath("bash")
 	if err != nil {
@@ -94,6 +107,7 @@ func runBlock(t *testing.T, block, url string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bash, script)
+	cmd.Dir = dir
 	home := t.TempDir()
 	cmd.Env = append(os.Environ(), "HOME="+home, "XDG_CONFIG_HOME="+filepath.Join(home, ".config"), "NO_COLOR=1")
 	cmd.WaitDelay = 5 * time.Second
@@ -132,4 +146,43 @@ func TestREADMENatsCLI(t *testing.T) {
 			t.Errorf("run %d: the result reports errors", run+1)
 		}
 	}
+}
+
+// TestREADMENatsCLITenant runs the README's tenant block: the nats CLI
+// with a tenant's creds file and inbox prefix runs a session in the
+// tenant's namespace and is refused outside it.
+func TestREADMENatsCLITenant(t *testing.T) {
+	if _, err := exec.LookPath("nats"); err != nil {
+		t.Skip("nats CLI not on PATH (make tools installs it into $(go env GOPATH)/bin)")
+	}
+	block := readmeBlockAt(t, "<!-- natscli-tenant:")
+	dir := t.TempDir()
+	auth := filepath.Join(dir, "auth")
+	if err := tenant.Init(auth); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tenant.Add(auth, subjects.Default(), codec.Tenant{Name: "acme"}, false); err != nil {
+		t.Fatal(err)
+	}
+	b := brokertest.Run(t, func(c *broker.Config) { c.AuthDir = auth })
+	workertest.Run(t, b, workertest.CPUs(1))
+	v0 := b.Violations().Subscribe
+	out := runBlockIn(t, block, b.ClientURL(), dir)
+	for _, want := range []string{
+		`"values":[7,10,15,22]`,                 // the read's result, on the tenant's inbox
+		"Stored in Stream: FABRIC_OPS Sequence", // the frame stored
+		`"status":"ok"`,                         // the device's health
+		"Permissions Violation for Subscription to \"fabric.>\"",
+		"refused: acme sees only its own namespace",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	poll.Until(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if b.Violations().Subscribe == v0 {
+			return errors.New("the refused subscription was not counted")
+		}
+		return nil
+	})
 }

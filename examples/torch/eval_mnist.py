@@ -45,14 +45,19 @@ def idx(path):
     return np.frombuffer(raw[4 + 4 * len(dims):], dtype=np.uint8).reshape(dims)
 
 
-kind, weights, data = sys.argv[1], sys.argv[2], sys.argv[3]
-dev = sys.argv[4] if len(sys.argv) > 4 else ("cuda" if torch.cuda.is_available() else "cpu")
-m = model(kind)
-m.load_state_dict(read_safetensors(weights), strict=True)
-m = m.to(dev).eval()
-x = torch.from_numpy(idx(f"{data}/t10k-images-idx3-ubyte.gz").astype(np.float32) / 255.0)
-x = ((x - 0.1307) / 0.3081).reshape(-1, 1, 28, 28).to(dev)
-y = torch.from_numpy(idx(f"{data}/t10k-labels-idx1-ubyte.gz").astype(np.int64)).to(dev)
-with torch.no_grad():
-    acc = (m(x).argmax(1) == y).float().mean().item()
-print(json.dumps({"model": kind, "device": dev, "torch": torch.__version__, "test_accuracy": acc, "examples": len(y)}))
+def main():
+    kind, weights, data = sys.argv[1], sys.argv[2], sys.argv[3]
+    dev = sys.argv[4] if len(sys.argv) > 4 else ("cuda" if torch.cuda.is_available() else "cpu")
+    m = model(kind)
+    m.load_state_dict(read_safetensors(weights), strict=True)
+    m = m.to(dev).eval()
+    x = torch.from_numpy(idx(f"{data}/t10k-images-idx3-ubyte.gz").astype(np.float32) / 255.0)
+    x = ((x - 0.1307) / 0.3081).reshape(-1, 1, 28, 28).to(dev)
+    y = torch.from_numpy(idx(f"{data}/t10k-labels-idx1-ubyte.gz").astype(np.int64)).to(dev)
+    with torch.no_grad():
+        acc = (m(x).argmax(1) == y).float().mean().item()
+    print(json.dumps({"model": kind, "device": dev, "torch": torch.__version__, "test_accuracy": acc, "examples": len(y)}))
+
+
+if __name__ == "__main__":
+    main()
