@@ -103,7 +103,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.DurationVar(&sk.every, "soak-step-every", sk.every, "with -soak: a session's step period")
 	fs.IntVar(&sk.probes, "soak-probes", sk.probes, "with -soak: tiny op + read round trips a step")
 	fs.DurationVar(&sk.ckpt, "soak-checkpoint-interval", sk.ckpt, "with -soak: the worker's checkpoint interval")
-	fs.IntVar(&sk.kills, "soak-kills", sk.kills, "with -soak: SIGKILLs of the device's worker")
+	fs.IntVar(&sk.kills, "soak-kills", sk.kills, "with -soak: SIGKILLs of the device's worker, each once the owner has committed a checkpoint")
 	fs.DurationVar(&sk.leaseTTL, "soak-lease-ttl", 0, "with -soak: the workers' lease TTL (0: the default)")
 	fs.DurationVar(&sk.settle, "soak-settle", sk.settle, "with -soak: how long the worker idles after the sessions are freed before its memory is taken")
 	if err := parse(fs, args, stderr); err != nil {

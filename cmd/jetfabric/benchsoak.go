@@ -317,56 +317,99 @@ func soakRun(ctx context.Context, cl *client.Client, c soakConfig, device, name 
 			killAt = append(killAt, total*(2*i+1)/(2*c.kills+1)+total/(4*c.kills+2))
 		}
 	}
-	var killErr error
+	var (
+		killErr error
+		killing bool // a session is carrying out the next kill
+	)
+	owner := func() *soakProc {
+		id := ""
+		if devs, err := cl.Devices(ctx); err == nil {
+			for _, d := range devs {
+				if d.Name == device && d.State == "serving" {
+					id = d.Worker
+				}
+			}
+		}
+		for _, p := range procs() {
+			p.mu.Lock()
+			dead := p.dead // the registry names it until its lease runs out
+			p.mu.Unlock()
+			if p.id == id && !dead {
+				return p
+			}
+		}
+		return nil
+	}
+	// kill SIGKILLs the device's owner once it has committed a checkpoint
+	// since it took the device (the kill tries the restore of one; at 8
+	// GiB the first takes seconds), and starts the next standby. The
+	// session that reached the kill point waits for it; the others go on.
+	kill := func() error {
+		var p *soakProc
+		for {
+			if p = owner(); p != nil {
+				p.mu.Lock()
+				ckpts := p.ckpts
+				p.mu.Unlock()
+				if ckpts > 0 {
+					break
+				}
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("%s: kill %d: no owner of %s with a committed checkpoint: %w", name, len(kills)+1, device, ctx.Err())
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+		_ = p.cmd.Process.Signal(syscall.SIGKILL)
+		mu.Lock()
+		kills = append(kills, time.Now())
+		done := done
+		mu.Unlock()
+		p.mu.Lock()
+		p.dead = true
+		p.mu.Unlock()
+		progress("%s: killed %s after %d of %d steps", name, p.id, done, total)
+		np, err := next()
+		if err != nil {
+			return err
+		}
+		wmu.Lock()
+		ws = append(ws, np)
+		wmu.Unlock()
+		go func() { // its baseline, standing by
+			for range 100 {
+				if _, err := np.scrape(); err == nil {
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			np.mu.Lock()
+			np.mem.Baseline = rss(np.cmd.Process.Pid)
+			np.mu.Unlock()
+		}()
+		return nil
+	}
 	stepDone := func(sess int, at time.Time) {
 		mu.Lock()
-		defer mu.Unlock()
 		// An answer counts for the kills it came after.
 		for len(answer[sess]) < len(kills) && at.After(kills[len(answer[sess])]) {
 			answer[sess] = append(answer[sess], at)
 		}
 		done++
-		if len(killAt) > len(kills) && done >= killAt[len(kills)] {
-			owner := ""
-			if devs, err := cl.Devices(ctx); err == nil {
-				for _, d := range devs {
-					if d.Name == device && d.State == "serving" {
-						owner = d.Worker
-					}
-				}
-			}
-			for _, p := range procs() {
-				if p.id == owner {
-					_ = p.cmd.Process.Signal(syscall.SIGKILL)
-					kills = append(kills, time.Now())
-					p.mu.Lock()
-					p.dead = true
-					p.mu.Unlock()
-					progress("%s: killed %s after %d of %d steps", name, owner, done, total)
-					np, err := next()
-					if err != nil {
-						killErr = err
-						return
-					}
-					wmu.Lock()
-					ws = append(ws, np)
-					wmu.Unlock()
-					go func() { // its baseline, standing by
-						for range 100 {
-							if _, err := np.scrape(); err == nil {
-								break
-							}
-							time.Sleep(100 * time.Millisecond)
-						}
-						np.mu.Lock()
-						np.mem.Baseline = rss(np.cmd.Process.Pid)
-						np.mu.Unlock()
-					}()
-					return
-				}
-			}
-			killErr = fmt.Errorf("no process for the owner %q of %s", owner, device)
+		due := killErr == nil && !killing && len(killAt) > len(kills) && done >= killAt[len(kills)]
+		killing = killing || due
+		mu.Unlock()
+		if !due {
+			return
 		}
+		err := kill()
+		mu.Lock()
+		killing = false
+		if err != nil && killErr == nil {
+			killErr = err
+		}
+		mu.Unlock()
 	}
 
 	t0 := time.Now()
@@ -621,13 +664,13 @@ func soakReport(c soakConfig, ref, soak *soakPhase, asJSON bool, stdout io.Write
 	for _, p := range ref.probes {
 		base = append(base, p.d)
 	}
-	ms := func(l []time.Duration, q float64) float64 {
+	ms := func(l []time.Duration, q float64) millis {
 		if len(l) == 0 {
-			return math.NaN()
+			return millis(math.NaN())
 		}
 		l = slices.Clone(l)
 		slices.Sort(l)
-		return float64(l[min(len(l)-1, int(q*float64(len(l))))].Microseconds()) / 1e3
+		return millis(l[min(len(l)-1, int(q*float64(len(l))))].Microseconds()) / 1e3
 	}
 	type report struct {
 		Machine        string       `json:"machine"`
@@ -636,12 +679,12 @@ func soakReport(c soakConfig, ref, soak *soakPhase, asJSON bool, stdout io.Write
 		TensorBytes    int64        `json:"tensor_bytes"`
 		Reads          int          `json:"reads"`
 		Mismatches     int          `json:"mismatched_reads"`
-		P99Base        float64      `json:"p99_ms_no_checkpoints"`
-		P99During      float64      `json:"p99_ms_during_checkpoints"`
-		P99Outside     float64      `json:"p99_ms_soak_outside_checkpoints"`
-		P50Base        float64      `json:"p50_ms_no_checkpoints"`
-		P50During      float64      `json:"p50_ms_during_checkpoints"`
-		P99Recovery    float64      `json:"p99_ms_recovering"`
+		P99Base        millis       `json:"p99_ms_no_checkpoints"`
+		P99During      millis       `json:"p99_ms_during_checkpoints"`
+		P99Outside     millis       `json:"p99_ms_soak_outside_checkpoints"`
+		P50Base        millis       `json:"p50_ms_no_checkpoints"`
+		P50During      millis       `json:"p50_ms_during_checkpoints"`
+		P99Recovery    millis       `json:"p99_ms_recovering"`
 		ProbesRecovery int          `json:"probes_recovering"`
 		ProbesDuring   int          `json:"probes_during_checkpoints"`
 		CacheBytes     int64        `json:"configured_cache_bytes"`
@@ -693,6 +736,17 @@ func soakReport(c soakConfig, ref, soak *soakPhase, asJSON bool, stdout io.Write
 		return fmt.Errorf("soak: %d of %d reads differ from the run without kills (first: %s)", mismatch, reads, first)
 	}
 	return nil
+}
+
+// millis is a latency in milliseconds; NaN (no reads to take it from)
+// is null in JSON.
+type millis float64
+
+func (m millis) MarshalJSON() ([]byte, error) {
+	if math.IsNaN(float64(m)) {
+		return []byte("null"), nil
+	}
+	return strconv.AppendFloat(nil, float64(m), 'f', 3, 64), nil
 }
 
 // parseSize reads a size in bytes with an optional unit (KiB, MiB, GiB,

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"math"
 	"regexp"
 	"strings"
 	"testing"
@@ -53,5 +55,17 @@ func TestBenchSoakRejects(t *testing.T) {
 		if code := run(context.Background(), append([]string{"bench"}, c.args...), &stdout, &stderr); code == 0 || !strings.Contains(stderr.String(), c.mention) {
 			t.Errorf("%v: exit %d, stderr %q; want a failure naming %q", c.args, code, stderr.String(), c.mention)
 		}
+	}
+}
+
+// TestSoakMillisJSON: a latency with no reads to take it from is null in
+// the soak's JSON, not an error.
+func TestSoakMillisJSON(t *testing.T) {
+	b, err := json.Marshal(struct{ A, B millis }{millis(math.NaN()), 1.5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := string(b), `{"A":null,"B":1.500}`; got != want {
+		t.Fatalf("got %s, want %s", got, want)
 	}
 }
