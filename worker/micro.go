@@ -72,9 +72,16 @@ func (w *Worker) startService() error {
 	}
 	w.svc = svc
 	// The subscriptions reach the server before Start returns, so the
-	// service is visible to anyone who asks after that.
+	// service is visible to anyone who asks after that. A broker lost in
+	// the meantime fails the flush (nats.go ends the flushes in flight as
+	// "connection closed" when it starts reconnecting), yet the
+	// subscriptions are sent again on reconnect: only a closed connection
+	// is an error.
 	if err := w.nc.Flush(); err != nil {
-		return fmt.Errorf("worker: micro service: %w", err)
+		if w.nc.IsClosed() {
+			return fmt.Errorf("worker: micro service: %w", err)
+		}
+		w.logf("worker: micro service: %v; its endpoints are subscribed again when the broker is back", err)
 	}
 	return nil
 }
