@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -73,4 +75,25 @@ func says(t *testing.T, out *output, what string) {
 		}
 		return nil
 	})
+}
+
+// TestSecondSignalExits: a worker whose broker is gone waits on its clean
+// stop (the last checkpoints cannot be written); a second signal ends it
+// at once, by the signal.
+func TestSecondSignalExits(t *testing.T) {
+	b := brokertest.Run(t)
+	w, out := spawn(t, "worker", "--url", b.ClientURL(), "--cpus", "1", "--gpus", "none")
+	waitDevice(t, b.ClientURL(), "cpu-0")
+	if err := b.Shutdown(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	says(t, out, "lost the broker")
+	_ = w.Process.Signal(syscall.SIGTERM)
+	says(t, out, "a second signal exits at once")
+	_ = w.Process.Signal(syscall.SIGTERM)
+	err := w.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGTERM {
+		t.Fatalf("worker exit: %v, want the second SIGTERM to end it\n%s", err, out.String())
+	}
 }

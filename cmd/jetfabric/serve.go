@@ -188,7 +188,7 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	defer stopMetrics()
 	fmt.Fprintf(stdout, "jetfabric worker %s serving %v on %s\n", cfg.ID, w.Devices(), cf.url)
 	<-ctx.Done()
-	fmt.Fprintf(stdout, "jetfabric worker: stopping\n")
+	fmt.Fprintf(stdout, "jetfabric worker: stopping (each device writes a last checkpoint, within %v; a second signal exits at once)\n", stopTimeout)
 	return shutdown(nil, w)
 }
 
