@@ -362,6 +362,63 @@ func TestTrainSurvivesKilledWorker(t *testing.T) {
 	}
 }
 
+// TestTrainDataParallelSurvivesKilledWorker: in a data-parallel run on
+// two devices, the worker serving one of them is SIGKILLed mid-training; a
+// standby takes it over and replays its steps, gradient exchanges
+// included (it reads again the pieces the other rank wrote, and writes
+// its own once more), and the run ends with the weights of a run without
+// a kill.
+func TestTrainDataParallelSurvivesKilledWorker(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills worker processes; skipped in -short")
+	}
+	b := brokertest.Run(t)
+	ws := &workers{t: t, url: b.ClientURL(), proc: map[string]*exec.Cmd{}, out: map[string]*output{},
+		args: []string{"--lease-ttl", "500ms", "--checkpoint-interval", "300ms"}}
+	ws.start()
+	waitDevice(t, b.ClientURL(), "cpu-0")
+	ws.start() // standby
+	spawn(t, "worker", "--url", b.ClientURL(), "--devices", "cpu-1", "--id", "r1", "--checkpoint-interval", "300ms")
+	waitDevice(t, b.ClientURL(), "cpu-1")
+	c, err := client.Connect(b.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+
+	clean := trainOn(t, b.ClientURL(), smallRun("cpu-0", "cpu-1"), nil)
+	var killed string
+	got := trainOn(t, b.ClientURL(), smallRun("cpu-0", "cpu-1"), func(step int) {
+		if step != 5 {
+			return
+		}
+		killed = ws.owner(c)
+		ws.mu.Lock()
+		p, out := ws.proc[killed], ws.out[killed]
+		ws.mu.Unlock()
+		if p == nil {
+			t.Errorf("step %d: no owner process for %q", step, killed)
+			return
+		}
+		checkFor(t, time.Minute, 20*time.Millisecond, func() error {
+			if !checkpointed.MatchString(out.String()) {
+				return errors.New("no checkpoint of the session yet")
+			}
+			return nil
+		})
+		_ = p.Process.Signal(syscall.SIGKILL)
+		ws.start()
+	})
+	if killed == "" {
+		t.Fatal("no worker was killed")
+	}
+	t.Logf("killed %s (cpu-0) at step 5\n%s", killed, ws.logs())
+	if got.WeightsSHA256 != clean.WeightsSHA256 || got.TestAccuracy != clean.TestAccuracy {
+		t.Fatalf("killed %s (cpu-0) at step 5: weights %s accuracy %v, the run without a kill %s %v\n%s",
+			killed, got.WeightsSHA256, got.TestAccuracy, clean.WeightsSHA256, clean.TestAccuracy, ws.logs())
+	}
+}
+
 // TestTrainNamesTheNaNStep: a learning rate that blows the weights up
 // makes the loss NaN, and the run fails naming the step where it happened,
 // though it reads the loss only every 5 steps.
