@@ -104,23 +104,32 @@ func isZeroResult(r *Result) bool { return reflect.ValueOf(r).Elem().IsZero() }
 
 // DecodeFrame decodes and checks a frame: version and op count.
 func DecodeFrame(enc Encoding, data []byte) (*Frame, error) {
-	f, ok := (*Frame)(nil), false
-	if enc == CBOR {
-		f, ok = decodeFrame(data)
+	f := new(Frame)
+	if err := DecodeFrameInto(enc, data, f); err != nil {
+		return nil, err
 	}
-	if !ok {
-		f = new(Frame)
+	return f, nil
+}
+
+// DecodeFrameInto is DecodeFrame into f, whose Ops array is reused when
+// it has room (an Op is several hundred bytes; a frame thousands of ops):
+// the ops of the last frame decoded into f are overwritten, so a caller
+// that reuses f keeps nothing of them. On an error f holds no frame.
+func DecodeFrameInto(enc Encoding, data []byte, f *Frame) error {
+	*f = Frame{Ops: f.Ops[:0]}
+	if enc != CBOR || !decodeFrameInto(data, f) {
+		*f = Frame{}
 		if err := Unmarshal(enc, data, f); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if f.V != Version {
-		return nil, fmt.Errorf("%w: frame version %d, this worker speaks %d", ErrVersion, f.V, Version)
+		return fmt.Errorf("%w: frame version %d, this worker speaks %d", ErrVersion, f.V, Version)
 	}
 	if len(f.Ops) > MaxOpsPerFrame {
-		return nil, fmt.Errorf("%w: %d ops, at most %d", ErrTooManyOps, len(f.Ops), MaxOpsPerFrame)
+		return fmt.Errorf("%w: %d ops, at most %d", ErrTooManyOps, len(f.Ops), MaxOpsPerFrame)
 	}
-	return f, nil
+	return nil
 }
 
 // EncodingOf returns the encoding named by a Content-Type header value.

@@ -361,16 +361,12 @@ func half(f float32) (uint16, bool) {
 }
 
 // decodeFrame decodes data with the table, or reports false.
-func decodeFrame(data []byte) (*Frame, bool) {
+func decodeFrameInto(data []byte, f *Frame) bool {
 	if frameCodec == nil {
-		return nil, false
+		return false
 	}
-	var f Frame
 	d := fastDecoder{b: data}
-	if !d.decodeStruct(frameCodec, unsafe.Pointer(&f)) || d.i != len(d.b) {
-		return nil, false
-	}
-	return &f, true
+	return d.decodeStruct(frameCodec, unsafe.Pointer(f)) && d.i == len(d.b)
 }
 
 type fastDecoder struct {
@@ -549,7 +545,16 @@ func (d *fastDecoder) value(f *fieldCodec, p unsafe.Pointer) bool {
 		if !ok {
 			return false
 		}
-		v := reflect.MakeSlice(f.typ, n, n)
+		// A slice already there with room is reused, zeroed first (every
+		// field the item leaves out is zero): a frame decoded into the
+		// Frame of the last one reuses its ops.
+		v := reflect.NewAt(f.typ, p).Elem()
+		if !v.IsNil() && v.Cap() >= n {
+			v = v.Slice(0, n)
+			v.Clear()
+		} else {
+			v = reflect.MakeSlice(f.typ, n, n)
+		}
 		for i := range n {
 			if !d.decodeStruct(f.elem, unsafe.Add(v.UnsafePointer(), uintptr(i)*f.elem.size)) {
 				return false

@@ -262,7 +262,8 @@ func BenchmarkMarshalFrame(b *testing.B) {
 
 func decodeBoth(t *testing.T, data []byte) (fast bool) {
 	t.Helper()
-	got, ok := decodeFrame(data)
+	got := new(Frame)
+	ok := decodeFrameInto(data, got)
 	var want Frame
 	err := decMode.Unmarshal(data, &want)
 	if !ok {
@@ -274,8 +275,27 @@ func decodeBoth(t *testing.T, data []byte) (fast bool) {
 	if !reflect.DeepEqual(got, &want) {
 		t.Fatalf("%x: frame decoder gave %+v, generic decoder %+v", data, got, &want)
 	}
+	// Decoded into the Frame of earlier frames, reusing their ops, it
+	// gives the same (an absent ops is then empty rather than nil).
+	*reused = Frame{Ops: reused.Ops[:0]}
+	if !decodeFrameInto(data, reused) {
+		t.Fatalf("%x: the frame decoder refused it into a reused frame", data)
+	}
+	if len(reused.Ops) == 0 && want.Ops == nil {
+		reused.Ops = nil
+	}
+	if !reflect.DeepEqual(reused, &want) {
+		t.Fatalf("%x: frame decoder into a reused frame gave %+v, generic decoder %+v", data, reused, &want)
+	}
+	if cap(reused.Ops) < 8 {
+		reused.Ops = make([]Op, 0, 8) // room for the next frames
+	}
 	return true
 }
+
+// reused is the Frame every decodeBoth decodes into once more: it holds
+// the ops of the frames before, which a decode must leave nothing of.
+var reused = new(Frame)
 
 func TestFrameDecoderMatches(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))

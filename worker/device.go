@@ -79,6 +79,14 @@ type device struct {
 	// consumed are transfer objects this device read last; deleted once a
 	// checkpoint covers the ops that read them.
 	consumed []string
+	// decoded is the frame run1 decodes into: its ops array (an op is
+	// several hundred bytes) is reused frame after frame, up to
+	// maxReusedOps, since nothing an op leaves behind refers to the op
+	// itself. Device loop only.
+	decoded codec.Frame
+	// uses is the map run1 indexes a frame's tensor ids in (frameUses),
+	// emptied after each frame, for frames of up to maxReusedOps ops.
+	uses map[uint64][]int
 	// replay tracks the catch-up after a takeover, until the device has
 	// applied every frame that was in the stream.
 	replay struct {
@@ -551,6 +559,10 @@ const (
 	heldBytes = 256 << 20
 )
 
+// maxReusedOps bounds the ops array a device keeps between frames (4,096
+// ops: about 3.4 MB); a larger frame's array goes with the frame.
+const maxReusedOps = 4096
+
 // order runs a session's numbered frames in the order of their numbers.
 // The client numbers a session's frames from 1 and publishes each until
 // the stream stores it, retrying with the same Nats-Msg-Id, so the stream
@@ -663,7 +675,16 @@ func (d *device) run1(s *session, msg jetstream.Msg, seq uint64) (closed bool) {
 		s.pending = append(s.pending, d.failFrame(seq, reply, enc, codec.CodeMalformed, "%v", encErr))
 		return false
 	}
-	frame, err := codec.DecodeFrame(enc, msg.Data())
+	frame := &d.decoded
+	defer func() {
+		// Let go of what the ops point to (their slices, and strings that
+		// may share the message's buffer); keep the array if not too big.
+		clear(frame.Ops)
+		if cap(frame.Ops) > maxReusedOps {
+			frame.Ops = nil
+		}
+	}()
+	err := codec.DecodeFrameInto(enc, msg.Data(), frame)
 	if err != nil {
 		code := codec.CodeMalformed
 		switch {
@@ -682,7 +703,15 @@ func (d *device) run1(s *session, msg jetstream.Msg, seq uint64) (closed bool) {
 	rl, _ := d.cfg.Backend.(reluer)
 	var uses map[uint64][]int
 	if f != nil && !d.w.cfg.NoFusion {
-		uses = frameUses(frame.Ops)
+		if d.uses == nil && len(frame.Ops) <= maxReusedOps {
+			d.uses = make(map[uint64][]int, 2*maxReusedOps)
+		}
+		if len(frame.Ops) <= maxReusedOps {
+			uses = frameUsesInto(frame.Ops, d.uses)
+			defer clear(d.uses)
+		} else {
+			uses = frameUses(frame.Ops)
+		}
 	}
 	for n < len(frame.Ops) && !closed {
 		if uses != nil {

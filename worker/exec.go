@@ -263,7 +263,7 @@ func (x *exec) compute(op *codec.Op) error {
 		kop.Key = op.Out[0]
 	}
 	kop.Seed = x.s.seed
-	outMetas, err := kernels.Infer(kop, metas, x.d.w.cfg.Limits.Tensor)
+	outMetas, err := kernels.Infer(&kop, metas, x.d.w.cfg.Limits.Tensor)
 	if err != nil {
 		return err
 	}
@@ -279,7 +279,7 @@ func (x *exec) compute(op *codec.Op) error {
 			return err
 		}
 	}
-	if err := x.d.execOn(kop, in, out); err != nil {
+	if err := x.d.execOn(&kop, in, out); err != nil {
 		x.release(out)
 		return err
 	}
@@ -297,8 +297,8 @@ func (x *exec) release(ts []*kernels.Tensor) {
 }
 
 // kernelOp translates a wire op to a kernels op.
-func kernelOp(op *codec.Op) (*kernels.Op, error) {
-	k := &kernels.Op{
+func kernelOp(op *codec.Op) (kernels.Op, error) {
+	k := kernels.Op{
 		Name: op.Op, Shape: op.Shape, Axes: op.Axes, Keepdims: op.Keepdims, Perm: op.Perm,
 		Axis: op.Axis, Correction: op.Correction,
 		Value: op.Value, Start: op.Start, Stop: op.Stop, Step: op.Step,
@@ -313,7 +313,7 @@ func kernelOp(op *codec.Op) (*kernels.Op, error) {
 	if op.DType != "" {
 		dt, err := kernels.ParseDType(op.DType)
 		if err != nil {
-			return nil, err
+			return k, err
 		}
 		k.DType = dt
 	}

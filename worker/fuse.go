@@ -37,10 +37,18 @@ func elementwise(name string) bool {
 // that name it (as input or output), in order. It is nil for a frame with
 // no free op: nothing in it can be dropped, so nothing is fused.
 func frameUses(ops []codec.Op) map[uint64][]int {
+	return frameUsesInto(ops, nil)
+}
+
+// frameUsesInto is frameUses filling uses, an empty map, when it is not
+// nil (a device reuses one map frame after frame).
+func frameUsesInto(ops []codec.Op, uses map[uint64][]int) map[uint64][]int {
 	if !slices.ContainsFunc(ops, func(op codec.Op) bool { return op.Op == opFree }) {
 		return nil
 	}
-	uses := make(map[uint64][]int, 2*len(ops))
+	if uses == nil {
+		uses = make(map[uint64][]int, 2*len(ops))
+	}
 	for i := range ops {
 		for _, id := range ops[i].In {
 			uses[id] = append(uses[id], i)
@@ -164,7 +172,7 @@ func (x *exec) fused(f fuser, ops []codec.Op, uses map[uint64][]int, start int) 
 		for j, a := range op.In {
 			args[j] = val[a]
 		}
-		g.Ops[k] = kernels.FusedOp{Op: *kop, Args: args}
+		g.Ops[k] = kernels.FusedOp{Op: kop, Args: args}
 		val[id] = g.Inputs + k
 	}
 	for k, kept := range keep {
@@ -261,7 +269,7 @@ func (x *exec) withRelu(rl reluer, ops []codec.Op, uses map[uint64][]int, start 
 	}
 	kop.Key, kop.Seed = mid, x.s.seed
 	lim := x.d.w.cfg.Limits.Tensor
-	om, err := kernels.Infer(kop, metas, lim)
+	om, err := kernels.Infer(&kop, metas, lim)
 	if err != nil || len(om) != 1 {
 		return 0
 	}
@@ -269,7 +277,7 @@ func (x *exec) withRelu(rl reluer, ops []codec.Op, uses map[uint64][]int, start 
 	if err != nil {
 		return 0
 	}
-	rm, err := kernels.Infer(rop, om, lim)
+	rm, err := kernels.Infer(&rop, om, lim)
 	if err != nil || len(rm) != 1 || rm[0].DType != om[0].DType || !slices.Equal(rm[0].Shape, om[0].Shape) {
 		return 0
 	}
@@ -284,7 +292,7 @@ func (x *exec) withRelu(rl reluer, ops []codec.Op, uses map[uint64][]int, start 
 			n = 0 // the ops one by one report the panic
 		}
 	}()
-	if err := rl.ExecRelu(kop, in, out); err != nil {
+	if err := rl.ExecRelu(&kop, in, out); err != nil {
 		x.release(out)
 		return 0
 	}

@@ -457,7 +457,7 @@ func compile(name string, data []byte, lim kernels.Limits) (*graphPlan, error) {
 		kop, err := kernelOp(op)
 		if err == nil {
 			var out []kernels.Meta
-			if out, err = kernels.Infer(kop, in, lim); err == nil {
+			if out, err = kernels.Infer(&kop, in, lim); err == nil {
 				if len(op.Out) != len(out) {
 					return nil, bad("op %d (%s) produces %d tensors, %d ids given", k, op.Op, len(out), len(op.Out))
 				}
