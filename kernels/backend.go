@@ -42,7 +42,9 @@ type Backend interface {
 	Upload(dst Buffer, src []byte) error
 	// Download copies len(dst) bytes from src into host memory.
 	Download(dst []byte, src Buffer) error
-	// Exec runs one op.
+	// Exec runs one op. op is the caller's only for the call: the caller
+	// reuses it once Exec returns, so a backend that needs any of it
+	// later (queued work) copies it.
 	Exec(op *Op, in, out []*Tensor) error
 	// Sync waits until all work issued so far is complete.
 	Sync() error

@@ -84,6 +84,8 @@ type device struct {
 	// maxReusedOps, since nothing an op leaves behind refers to the op
 	// itself. Device loop only.
 	decoded codec.Frame
+	// scratchOp is the kernels.Op compute builds each op in.
+	scratchOp kernels.Op
 	// uses is the map run1 indexes a frame's tensor ids in (frameUses),
 	// emptied after each frame, for frames of up to maxReusedOps ops.
 	uses map[uint64][]int

@@ -255,15 +255,18 @@ func (x *exec) compute(op *codec.Op) error {
 		}
 		in[j], metas[j] = t, t.Meta
 	}
-	kop, err := kernelOp(op)
-	if err != nil {
+	// The op is built in the device's scratch op, not a new heap object
+	// per op: a backend keeps nothing of it past Exec (kernels.Backend).
+	kop := &x.d.scratchOp
+	var err error
+	if *kop, err = kernelOp(op); err != nil {
 		return err
 	}
 	if len(op.Out) > 0 {
 		kop.Key = op.Out[0]
 	}
 	kop.Seed = x.s.seed
-	outMetas, err := kernels.Infer(&kop, metas, x.d.w.cfg.Limits.Tensor)
+	outMetas, err := kernels.Infer(kop, metas, x.d.w.cfg.Limits.Tensor)
 	if err != nil {
 		return err
 	}
@@ -279,7 +282,7 @@ func (x *exec) compute(op *codec.Op) error {
 			return err
 		}
 	}
-	if err := x.d.execOn(&kop, in, out); err != nil {
+	if err := x.d.execOn(kop, in, out); err != nil {
 		x.release(out)
 		return err
 	}

@@ -27,7 +27,8 @@ func (b *Backend) Exec(op *kernels.Op, in, out []*kernels.Tensor) error {
 	if b.closed {
 		return ErrClosed
 	}
-	return b.queue(op.Name, func() error { return b.exec(op, in, out) })
+	own := *op // the caller reuses op once Exec returns (kernels.Backend)
+	return b.queue(own.Name, func() error { return b.exec(&own, in, out) })
 }
 
 // ExecFused queues a fused group as one kernel: elementwise ops (unary,
