@@ -318,8 +318,11 @@ func (d *device) finish() error {
 			errs = append(errs, err)
 		}
 	}
+	// A lease that ran out meanwhile (a standby took the device, or
+	// nobody renewed it while the process stood still) leaves nothing to
+	// mark or give up: the entry is its next holder's.
 	rctx, rcancel := atLeast(ctx, d.w.cfg.Heartbeat)
-	if err := d.w.register(rctx, d, "stopped"); err != nil {
+	if err := d.w.register(rctx, d, "stopped"); err != nil && !errors.Is(err, ErrLeaseLost) {
 		errs = append(errs, err)
 	}
 	rcancel()
