@@ -300,10 +300,17 @@ func (d *device) renewLoop(l *lease, stop <-chan struct{}) {
 	}
 }
 
+// finishTimeout bounds a clean stop's last checkpoint.
+var finishTimeout = 30 * time.Second
+
 // finish ends a clean stop: a last checkpoint, the registry entry marked
-// stopped, the lease given up.
+// stopped, the lease given up. The entry and the release have time of
+// their own when the checkpoint ran out the deadline (a broker that
+// answered late, or a process that stood still): a standby then takes the
+// device over at once rather than after the lease runs out, and the frames
+// after the last committed checkpoint stay in the stream for it to replay.
 func (d *device) finish() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
 	defer cancel()
 	var errs []error
 	// Nothing of a state that a failed restore left is written: the next
@@ -313,14 +320,30 @@ func (d *device) finish() error {
 			errs = append(errs, err)
 		}
 	}
-	if err := d.w.register(ctx, d, "stopped"); err != nil {
+	// A lease that ran out meanwhile (a standby took the device, or
+	// nobody renewed it while the process stood still) leaves nothing to
+	// mark or give up: the entry is its next holder's.
+	rctx, rcancel := atLeast(ctx, d.w.cfg.Heartbeat)
+	if err := d.w.register(rctx, d, "stopped"); err != nil && !errors.Is(err, ErrLeaseLost) {
 		errs = append(errs, err)
 	}
+	rcancel()
 	if l := d.currentLease(); l != nil {
-		errs = append(errs, l.release(ctx))
+		lctx, lcancel := atLeast(ctx, d.w.cfg.LeaseTTL)
+		errs = append(errs, l.release(lctx))
+		lcancel()
 	}
 	d.close()
 	return errors.Join(errs...)
+}
+
+// atLeast returns ctx while span or more is left before its deadline, and
+// otherwise a context with ctx's values that ends span from now.
+func atLeast(ctx context.Context, span time.Duration) (context.Context, context.CancelFunc) {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) >= span {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(context.WithoutCancel(ctx), span)
 }
 
 // stepDown drops everything the device holds after losing (or failing to
