@@ -124,9 +124,9 @@ compose-down:
 	$(COMPOSE) -p $(PROJECT) $(PROFILES) down --remove-orphans$(if $(VOLUMES), -v)
 
 ## test-cluster: the three-node cluster test in one process (leaders stepped down, nodes shut down
-## and started again, a session's reads checked throughout); kept out of make test, see its comment
+## and started again, a session's reads checked throughout), alone and verbose (make test runs it too)
 test-cluster:
-	JETFABRIC_CLUSTER_TESTS=1 $(GO) test -count=1 -v -run 'TestClusterSurvivesAnyNode' -timeout 15m ./client
+	$(GO) test -count=1 -v -run 'TestClusterSurvivesAnyNode' -timeout 15m ./client
 
 ## test-e2e: the container tests: images, then compose projects of their own, removed after
 test-e2e: images

@@ -308,7 +308,9 @@ func (b *Broker) Shutdown(ctx context.Context) error {
 		for i := len(stops) - 1; i >= 0; i-- {
 			stops[i]()
 		}
-		if b.cfg.Cluster.Name != "" && b.srv.ReadyForConnections(0) {
+		// (A server that never started listening has nothing to hand
+		// over: lame duck mode returns at once.)
+		if b.cfg.Cluster.Name != "" && b.srv.Running() {
 			b.srv.LameDuckShutdown()
 		}
 		b.srv.Shutdown()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jetfabric/jetfabric/broker"
 	"github.com/jetfabric/jetfabric/broker/brokertest"
+	"github.com/jetfabric/jetfabric/internal/poll"
 )
 
 // streamConfig connects to b and returns the config of its stream name.
@@ -161,5 +162,39 @@ func TestBadConfig(t *testing.T) {
 				t.Errorf("error %q lacks the package prefix", err)
 			}
 		})
+	}
+}
+
+// TestClusterNodeShutsDownInLameDuck: a cluster node's Shutdown goes
+// through lame duck mode: its clients are told (and move to another node)
+// before it closes, and it hands JetStream's leadership over first.
+func TestClusterNodeShutsDownInLameDuck(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster test: -short")
+	}
+	cl := brokertest.RunCluster(t, 3)
+	var leader int
+	poll.Until(t, time.Minute, 50*time.Millisecond, func() error {
+		for i := range 3 {
+			if cl.Node(i).Server().JetStreamIsLeader() {
+				leader = i
+				return nil
+			}
+		}
+		return errors.New("no meta leader")
+	})
+	told := make(chan struct{})
+	nc, err := nats.Connect(cl.Node(leader).ClientURL(), nats.LameDuckModeHandler(func(*nats.Conn) { close(told) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	cl.Stop(leader)
+	// The notice reaches the connection before the node closes it; its
+	// handler runs on the connection's callback goroutine.
+	select {
+	case <-told:
+	case <-time.After(time.Minute):
+		t.Fatal("the node shut down without lame duck mode")
 	}
 }

@@ -2,7 +2,9 @@ package client
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -10,6 +12,9 @@ import (
 
 	"github.com/jetfabric/jetfabric/broker/brokertest"
 	"github.com/jetfabric/jetfabric/codec"
+	"github.com/jetfabric/jetfabric/internal/poll"
+	"github.com/jetfabric/jetfabric/subjects"
+	"github.com/jetfabric/jetfabric/worker"
 	"github.com/jetfabric/jetfabric/worker/workertest"
 )
 
@@ -75,15 +80,15 @@ func TestConfirmAfterPurge(t *testing.T) {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	stored := false
-	if err := s.confirm(ctx, msg, &stored); err != nil || !stored {
-		t.Fatalf("confirm of a purged frame: %v, stored %v", err, stored)
+	stored, seq := false, uint64(0)
+	if err := s.confirm(ctx, msg, &stored, &seq); err != nil || !stored || seq == 0 {
+		t.Fatalf("confirm of a purged frame: %v, stored %v at sequence %d", err, stored, seq)
 	}
 	if m, err := stream.GetLastMsgForSubject(ctx, s.subject); !errors.Is(err, jetstream.ErrMsgNotFound) {
 		t.Fatalf("the frame was stored again (%v, %v): its Nats-Msg-Id should make it a duplicate", m, err)
 	}
 	// Once stored, confirm asks the stream's leader, storing nothing.
-	if err := s.confirm(ctx, msg, &stored); err != nil {
+	if err := s.confirm(ctx, msg, &stored, &seq); err != nil {
 		t.Fatalf("probe of the stream: %v", err)
 	}
 	if m, err := stream.GetLastMsgForSubject(ctx, s.subject); !errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -107,5 +112,92 @@ func TestMsgIDNamesTheSubject(t *testing.T) {
 			t.Fatalf("frame 1 of %s and of %s have one Nats-Msg-Id, %q", other, subject, id)
 		}
 		ids[id] = subject
+	}
+}
+
+// TestAnswerLostOnTheWorkersSide: a read whose answer the worker sent but
+// this connection never got, with no reconnect here to tell (the worker's
+// node shut down with the answer in flight, say), is asked again once the
+// device's registry entry says the worker has applied its frame; the
+// second answer ends the call.
+func TestAnswerLostOnTheWorkersSide(t *testing.T) {
+	b := brokertest.Run(t)
+	workertest.Run(t, b, workertest.CPUs(1), func(c *worker.Config) { c.Heartbeat = 100 * time.Millisecond })
+	c, err := Connect(b.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s, err := c.Open(ctx, "cpu-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(ctx)
+	x := s.Full([]int{1}, 5)
+	if v, err := x.Float32s(ctx); err != nil || len(v) != 1 || v[0] != 5 {
+		t.Fatalf("first read: %v, %v", v, err)
+	}
+
+	// The answers to the next frame go nowhere: the inbox has no
+	// subscriber, and this connection does not reconnect.
+	if err := s.sub.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	type answer struct {
+		v   []float32
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		v, err := x.Add(x).Float32s(ctx)
+		done <- answer{v, err}
+	}()
+	// Once the worker has run the frame (its answer lost), the inbox is
+	// subscribed again, into the session's channel.
+	stream, err := c.js.Stream(ctx, c.names.OpsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := c.js.KeyValue(ctx, c.names.CtrlBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, time.Minute, 10*time.Millisecond, func() error {
+		m, err := stream.GetLastMsgForSubject(ctx, s.subject)
+		if err != nil {
+			return err
+		}
+		e, err := kv.Get(ctx, subjects.DeviceKey("cpu-0"))
+		if err != nil {
+			return err
+		}
+		var d Device
+		if err := json.Unmarshal(e.Value(), &d); err != nil {
+			return err
+		}
+		if d.Applied < m.Sequence {
+			return fmt.Errorf("the worker applied sequence %d, the frame is at %d", d.Applied, m.Sequence)
+		}
+		return nil
+	})
+	select {
+	case a := <-done:
+		t.Fatalf("the read ended before its answer could come: %v, %v", a.v, a.err)
+	default:
+	}
+	// (Closed with the connection.)
+	if _, err := c.nc.ChanSubscribe(s.inbox, s.replies); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("subscribed again")
+	select {
+	case a := <-done:
+		if a.err != nil || len(a.v) != 1 || a.v[0] != 10 {
+			t.Fatalf("read after its answer was lost: %v, %v", a.v, a.err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the read waits for an answer that was lost")
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -29,14 +28,16 @@ import (
 // Then two of the three nodes stop: a read fails within 5 s naming the
 // lost quorum; once they are back, the session carries on.
 //
-// It runs with JETFABRIC_CLUSTER_TESTS=1 (make test-cluster): on a loaded
-// 2-core machine it once saw the session stop for minutes after the node
-// leading JetStream was shut down, with no error; until that is found it
-// stays out of make test. The container test TestComposeClusterKills
+// A node shut down under the worker's connection can take the answer to
+// a read with it, sent but never routed to the client, whose own
+// connection stays up: the read waited for it until its deadline (once
+// for over two minutes on a loaded 2-core machine). The client now asks
+// again once the device's registry entry says the worker applied the
+// frame (see Session.call). The container test TestComposeClusterKills
 // (make test-e2e) kills nodes the same way.
 func TestClusterSurvivesAnyNode(t *testing.T) {
-	if testing.Short() || os.Getenv("JETFABRIC_CLUSTER_TESTS") != "1" {
-		t.Skip("cluster test: JETFABRIC_CLUSTER_TESTS=1 runs it")
+	if testing.Short() {
+		t.Skip("cluster test: -short")
 	}
 	cl, reads, stall := survive(t)
 	t.Logf("%d reads, each the count; the longest took %v", reads, stall.Round(time.Millisecond))
@@ -49,10 +50,14 @@ func TestClusterSurvivesAnyNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer fast.Close()
-	fs, err := fast.Open(ctx, "cpu-0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The registry is read from any replica of the control bucket: one on
+	// the node just started again may not have caught up yet, and not
+	// know the device.
+	var fs *client.Session
+	poll.Until(t, time.Minute, 100*time.Millisecond, func() error {
+		fs, err = fast.Open(ctx, "cpu-0")
+		return err
+	})
 	y := fs.Full([]int{1}, 2)
 	expect(t, "before the quorum is lost", read(t, y), 2)
 	for _, i := range []int{1, 2} {

@@ -427,7 +427,9 @@ func (s *Session) Flush() {
 // frame-check interval, call publishes it again asking for one (the same
 // Nats-Msg-Id: stored once): a refusal fails the call with ErrPublish;
 // once stored, call checks at growing intervals, up to a second apart,
-// that the stream still has a leader and the device a live worker. When
+// that the stream still has a leader and the device a live worker, and
+// publishes op again (its answer lost on the way) when this connection
+// reconnected or the worker has applied the frame with no answer here. When
 // the fabric cannot be reached (no connection, no responders, no leader,
 // no quorum) for the fail-fast time, the call fails with ErrUnavailable
 // naming the cause, and the frame goes on being published in the
@@ -465,13 +467,18 @@ func (s *Session) call(ctx context.Context, op codec.Op) (*codec.Result, error) 
 	check := time.NewTimer(wait)
 	defer check.Stop()
 	stored := false
+	var seq uint64        // the frame's stream sequence, once stored
 	var trouble time.Time // since when the fabric has not been reachable
 	var down time.Time    // since when the device has had no live worker
 	// The answer travels over core NATS: it is lost when this connection
 	// is between nodes, or when the inbox overflows (a worker taking the
-	// device over answers every read it replays again). When either
-	// happened since the op went out, it goes out again, with its tag, in
-	// a frame of its own: the first answer wins.
+	// device over answers every read it replays again), or on the
+	// worker's side: its connection closed with the answer in flight (its
+	// node shut down), or a route between the nodes went down. When this
+	// connection reconnected or the inbox dropped answers since the op
+	// went out, or the device's registry entry says its worker has applied
+	// the frame and no answer came, the op goes out again, with its tag,
+	// in a frame of its own: the first answer wins.
 	lost := s.answerLoss()
 	fail := func(err error) (*codec.Result, error) {
 		if r := s.drain(ch); r != nil {
@@ -495,7 +502,7 @@ func (s *Session) call(ctx context.Context, op codec.Op) (*codec.Result, error) 
 			s.route(m)
 		case <-check.C:
 			probed := time.Now()
-			err := s.confirm(ctx, msg, &stored)
+			err := s.confirm(ctx, msg, &stored, &seq)
 			var refused *refusedError
 			switch {
 			case errors.As(err, &refused):
@@ -518,13 +525,18 @@ func (s *Session) call(ctx context.Context, op codec.Op) (*codec.Result, error) 
 				// The answer comes when the worker gets to the frame (or a
 				// worker taking the device over replays it), unless no
 				// worker serves the device any more.
-				if err := s.deviceGone(ctx, &down); err != nil {
+				applied, err := s.deviceGone(ctx, &down)
+				if err != nil {
 					return fail(err)
 				}
-				if now := s.answerLoss(); now != lost {
+				if now := s.answerLoss(); now != lost || seq > 0 && applied >= seq {
+					if r := s.drain(ch); r != nil {
+						s.settle(ctx, acks)
+						return r, s.collect(r.Errors)
+					}
 					lost = now
 					if m := s.again(op); m != nil {
-						msg, stored = m, false
+						msg, stored, seq = m, false, 0
 					}
 				}
 			}
@@ -583,21 +595,24 @@ type refusedError struct{ err error }
 func (e *refusedError) Error() string { return e.err.Error() }
 
 // confirm publishes the frame msg again asking for the stream's
-// acknowledgement, until the stream has said it stores it (*stored); after
-// that it asks the stream's leader for an answer that stores nothing. It
-// returns a *refusedError when the stream refuses the frame, and an error
-// wrapping ErrUnavailable when the fabric cannot answer (see diagnose).
-func (s *Session) confirm(ctx context.Context, msg *nats.Msg, stored *bool) error {
+// acknowledgement, until the stream has said it stores it (*stored, at
+// stream sequence *seq); after that it asks the stream's leader for an
+// answer that stores nothing. It returns a *refusedError when the stream
+// refuses the frame, and an error wrapping ErrUnavailable when the fabric
+// cannot answer (see diagnose).
+func (s *Session) confirm(ctx context.Context, msg *nats.Msg, stored *bool, seq *uint64) error {
 	if st := s.c.nc.Status(); st != nats.CONNECTED {
 		return s.c.disconnected(st)
 	}
 	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
 	if !*stored {
-		_, err := s.c.js.PublishMsg(ctx, msg, jetstream.WithRetryAttempts(0))
+		ack, err := s.c.js.PublishMsg(ctx, msg, jetstream.WithRetryAttempts(0))
 		switch {
 		case err == nil:
-			*stored = true
+			// A frame stored already is acknowledged as a duplicate,
+			// with the sequence it was stored at.
+			*stored, *seq = true, ack.Sequence
 			return nil
 		case !transient(err):
 			return &refusedError{refusal(err)}
@@ -627,14 +642,12 @@ func (s *Session) confirm(ctx context.Context, msg *nats.Msg, stored *bool) erro
 // probeTimeout after the fabric stopped answering it (4.5 s by default).
 const probeTimeout = 750 * time.Millisecond
 
-// deviceGone reads the device's registry entry and returns an error
-// wrapping ErrNoDevice once it has shown no live worker (serving, with a
-// recent heartbeat) since *down for longer than the device timeout. A
+// deviceGone reads the device's registry entry and returns the last
+// stream sequence its worker applied while it has a live worker (serving,
+// with a recent heartbeat; else 0), and an error wrapping ErrNoDevice once
+// it has shown none since *down for longer than the device timeout. A
 // registry it cannot read says nothing.
-func (s *Session) deviceGone(ctx context.Context, down *time.Time) error {
-	if s.c.opts.deviceTimeout <= 0 {
-		return nil
-	}
+func (s *Session) deviceGone(ctx context.Context, down *time.Time) (applied uint64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
 	value, err := s.c.deviceEntry(ctx, s.device)
@@ -643,22 +656,24 @@ func (s *Session) deviceGone(ctx context.Context, down *time.Time) error {
 	switch {
 	case err == nil && json.Unmarshal(value, &d) == nil && Live(d, now):
 		*down = time.Time{}
-		return nil
+		return d.Applied, nil
 	case err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) && !errors.Is(err, jetstream.ErrKeyDeleted):
-		return nil
+		return 0, nil
+	case s.c.opts.deviceTimeout <= 0:
+		return 0, nil
 	}
 	if down.IsZero() {
 		*down = now
-		return nil
+		return 0, nil
 	}
 	if gone := now.Sub(*down); gone > s.c.opts.deviceTimeout {
 		state := "not registered"
 		if d.Name != "" {
 			state = fmt.Sprintf("%s, last heartbeat %v ago", d.State, now.Sub(d.Beat).Round(100*time.Millisecond))
 		}
-		return fmt.Errorf("%w: no worker has served %s for %v (%s); start a worker for it (its frames are answered no_device and removed after the fabric's grace period)", ErrNoDevice, s.device, gone.Round(100*time.Millisecond), state)
+		return 0, fmt.Errorf("%w: no worker has served %s for %v (%s); start a worker for it (its frames are answered no_device and removed after the fabric's grace period)", ErrNoDevice, s.device, gone.Round(100*time.Millisecond), state)
 	}
-	return nil
+	return 0, nil
 }
 
 func (s *Session) drop(tag uint64) {
