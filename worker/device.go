@@ -84,6 +84,11 @@ type device struct {
 	// maxReusedOps, since nothing an op leaves behind refers to the op
 	// itself. Device loop only.
 	decoded codec.Frame
+	// replayOps and replayUses are decoded and uses for replays
+	// (replayFused), kept apart from the frame's: a replay runs inside a
+	// frame.
+	replayOps  []codec.Op
+	replayUses map[uint64][]int
 	// scratchOp is the kernels.Op compute builds each op in.
 	scratchOp kernels.Op
 	// uses is the map run1 indexes a frame's tensor ids in (frameUses),

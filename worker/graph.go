@@ -212,7 +212,20 @@ func (x *exec) replay(i int, op *codec.Op) error {
 // frees of the plan that let it drop their intermediate results.
 func (x *exec) replayFused(f fuser, p *graphPlan, op *codec.Op, ids []uint64, i int, run *graphRun) {
 	q := &p.fuse
-	ops := make([]codec.Op, len(q.ops))
+	// The bound ops go in the device's replay array, reused replay after
+	// replay (graphs hold no replay, so replays do not nest), as run1
+	// reuses its frame's: nothing an op leaves behind refers to the op.
+	ops := x.d.replayOps
+	if cap(ops) < len(q.ops) {
+		ops = make([]codec.Op, len(q.ops))
+	}
+	ops = ops[:len(q.ops)]
+	defer func() {
+		clear(ops)
+		if cap(ops) <= maxReusedOps {
+			x.d.replayOps = ops[:0]
+		}
+	}()
 	var backing []uint64
 	for k := range q.ops {
 		n := len(q.ops[k].In) + len(q.ops[k].Out)
@@ -234,7 +247,16 @@ func (x *exec) replayFused(f fuser, p *graphPlan, op *codec.Op, ids []uint64, i 
 		}
 		ops[k] = o
 	}
-	uses := frameUses(ops)
+	var uses map[uint64][]int
+	if len(ops) <= maxReusedOps {
+		if x.d.replayUses == nil {
+			x.d.replayUses = make(map[uint64][]int, 2*len(ops))
+		}
+		uses = frameUsesInto(ops, x.d.replayUses)
+		defer clear(x.d.replayUses)
+	} else {
+		uses = frameUses(ops)
+	}
 	rl, _ := x.d.cfg.Backend.(reluer)
 	for n := 0; n < len(ops); {
 		if k := x.fused(f, ops, uses, n); k > 0 {
