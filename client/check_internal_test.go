@@ -201,3 +201,40 @@ func TestAnswerLostOnTheWorkersSide(t *testing.T) {
 		t.Fatal("the read waits for an answer that was lost")
 	}
 }
+
+// TestLeaderEntry: the leader's read of a registry key finds a key the
+// bucket holds, and says not found for one never written or deleted.
+func TestLeaderEntry(t *testing.T) {
+	b := brokertest.Run(t)
+	c, err := Connect(b.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	kv, err := c.js.KeyValue(ctx, c.names.CtrlBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "device.held", []byte(`{"name":"held"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "device.gone", []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Delete(ctx, "device.gone"); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := c.leaderEntry(ctx, "device.held"); err != nil || string(v) != `{"name":"held"}` {
+		t.Fatalf("held key: %q %v", v, err)
+	}
+	for _, key := range []string{"device.gone", "device.never"} {
+		if v, err := c.leaderEntry(ctx, key); !errors.Is(err, jetstream.ErrKeyNotFound) {
+			t.Fatalf("%s: %q %v, want not found", key, v, err)
+		}
+	}
+	if _, err := c.Open(ctx, "gone"); !errors.Is(err, ErrNoDevice) {
+		t.Fatalf("Open of a deleted device: %v, want ErrNoDevice", err)
+	}
+}

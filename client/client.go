@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -270,10 +271,54 @@ func (c *Client) deviceEntry(ctx context.Context, device string) ([]byte, error)
 		return nil, err
 	}
 	e, err := kv.Get(ctx, subjects.DeviceKey(device))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		// A key-value get is a direct get, which any replica answers: one
+		// on a cluster node just started again may not have caught up
+		// yet. Before calling the device unregistered, ask the leader.
+		return c.leaderEntry(ctx, subjects.DeviceKey(device))
+	}
 	if err != nil {
 		return nil, err
 	}
 	return e.Value(), nil
+}
+
+// leaderEntry reads key of the control bucket from its stream's leader
+// (STREAM.MSG.GET, not a direct get). A missing or deleted key is
+// jetstream.ErrKeyNotFound.
+func (c *Client) leaderEntry(ctx context.Context, key string) ([]byte, error) {
+	stream := "KV_" + c.names.CtrlBucket()
+	req, _ := json.Marshal(map[string]string{"last_by_subj": c.names.CtrlSubject(key)})
+	m, err := c.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, req)
+	if err != nil {
+		return nil, err
+	}
+	var r struct {
+		Message *struct {
+			Data []byte `json:"data"`
+			Hdrs []byte `json:"hdrs"`
+		} `json:"message"`
+		Error *struct {
+			Code        int    `json:"code"`
+			Description string `json:"description"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(m.Data, &r); err != nil {
+		return nil, fmt.Errorf("%s: %w", stream, err)
+	}
+	switch {
+	case r.Error != nil && r.Error.Code == 404:
+		return nil, jetstream.ErrKeyNotFound
+	case r.Error != nil:
+		return nil, fmt.Errorf("%s: %s (%d)", stream, r.Error.Description, r.Error.Code)
+	case r.Message == nil:
+		return nil, fmt.Errorf("%s: no message in the answer", stream)
+	}
+	// A delete or purge marker: the key is gone.
+	if bytes.Contains(r.Message.Hdrs, []byte("KV-Operation")) {
+		return nil, jetstream.ErrKeyNotFound
+	}
+	return r.Message.Data, nil
 }
 
 func (c *Client) forget(s *Session) {
