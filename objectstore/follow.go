@@ -19,6 +19,14 @@ type putConfig struct {
 	nuid   string
 	digest *[sha256.Size]byte
 	nameOf func(sum [sha256.Size]byte) string
+	yield  func(ctx context.Context) error
+}
+
+// WithYield has Put call yield before it sends each chunk: a write that
+// should give way to other work (a checkpoint beside a device's frames)
+// waits in it. An error from yield fails the write.
+func WithYield(yield func(ctx context.Context) error) PutOption {
+	return func(c *putConfig) { c.yield = yield }
 }
 
 // WithNUID has Put write the chunks on the subject of nuid, which the

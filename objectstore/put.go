@@ -172,6 +172,7 @@ type writer struct {
 	chunk  int
 	n      int // chunks
 	window int
+	yield  func(context.Context) error // before each chunk (WithYield)
 
 	nuid      string
 	subj      string
@@ -226,6 +227,7 @@ func (s *Store) putObject(ctx context.Context, name string, data []byte, meta ma
 		sentAt:   make([]time.Time, n),
 		failedAt: -1,
 	}
+	w.yield = pc.yield
 	w.nuid = pc.nuid
 	if w.nuid == "" {
 		w.nuid = newNUID()
@@ -366,6 +368,11 @@ func (w *writer) sendAll(ctx context.Context) error {
 			for w.next < w.n && w.inflight < w.window {
 				if err := w.dig.ready(ctx, w.next); err != nil {
 					return fmt.Errorf("objectstore: %s: put %q: %w", w.s.bucket, w.name, err)
+				}
+				if w.yield != nil {
+					if err := w.yield(ctx); err != nil {
+						return fmt.Errorf("objectstore: %s: put %q: %w", w.s.bucket, w.name, err)
+					}
 				}
 				if err := w.send(w.next); err != nil {
 					return err

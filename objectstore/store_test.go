@@ -821,3 +821,41 @@ func TestNoGoroutineLeak(t *testing.T) {
 		return nil
 	})
 }
+
+// TestPutYields: a Put with WithYield calls it before each chunk it
+// sends; an error from it fails the Put, which then leaves nothing.
+func TestPutYields(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	s := e.store(t, objectstore.WithChunkSize(64<<10))
+	data := randomBytes(10*64<<10+5, 3) // 11 chunks
+	calls := 0
+	if _, err := s.Put(ctx, "yielding", data, nil, objectstore.WithYield(func(context.Context) error {
+		calls++
+		return nil
+	})); err != nil {
+		t.Fatal(err)
+	}
+	if calls != 11 {
+		t.Fatalf("yield called %d times for 11 chunks", calls)
+	}
+	got, _, err := s.Get(ctx, "yielding")
+	if err != nil || hexSum(got) != hexSum(data) {
+		t.Fatalf("read back: %v", err)
+	}
+
+	stop := errors.New("the device needs the cores")
+	calls = 0
+	_, err = s.Put(ctx, "stopped", data, nil, objectstore.WithYield(func(context.Context) error {
+		if calls++; calls == 4 {
+			return stop
+		}
+		return nil
+	}))
+	if !errors.Is(err, stop) {
+		t.Fatalf("Put whose yield failed: %v, want %v", err, stop)
+	}
+	if _, err := s.Stat(ctx, "stopped"); !errors.Is(err, objectstore.ErrNotFound) {
+		t.Fatalf("Stat after the failed Put: %v", err)
+	}
+}

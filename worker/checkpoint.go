@@ -380,7 +380,7 @@ func (d *device) writeCheckpoint(ctx context.Context, snap *ckptSnapshot) (ref *
 				info, err := d.w.ckpt.Put(ctx, "", data, map[string]string{"device": d.cfg.Name},
 					objectstore.WithNameFromDigest(func(sum [sha256.Size]byte) string {
 						return tensorObject(d.cfg.Name, hex.EncodeToString(sum[:]))
-					}))
+					}), objectstore.WithYield(d.giveWay))
 				if err != nil {
 					return nil, fmt.Errorf("worker: checkpoint %s: store tensor %d: %w", d.cfg.Name, st.id, err)
 				}
@@ -655,4 +655,32 @@ func (d *device) restoreTensor(magic string, ct ckptTensor, data []byte) (t *ker
 		defer d.uploadMu.Unlock()
 		return d.cfg.Backend.Upload(buf, src)
 	}, nil
+}
+
+// giveWayMax bounds how long a checkpoint's write waits, before one chunk,
+// for the frame the device is running.
+const giveWayMax = 2 * time.Millisecond
+
+// giveWay has a checkpoint's write wait, before each chunk, while the
+// device runs a frame (up to giveWayMax), so that where cores are few
+// the frames go first and the checkpoint takes the time between them;
+// under frames without end it still writes a chunk every giveWayMax.
+func (d *device) giveWay(ctx context.Context) error {
+	if err := ctx.Err(); err != nil || !d.running.Load() {
+		return err
+	}
+	t := time.NewTimer(giveWayMax)
+	defer t.Stop()
+	tick := time.NewTicker(100 * time.Microsecond)
+	defer tick.Stop()
+	for d.running.Load() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+			return nil
+		case <-tick.C:
+		}
+	}
+	return nil
 }

@@ -89,6 +89,9 @@ type device struct {
 	// frame.
 	replayOps  []codec.Op
 	replayUses map[uint64][]int
+	// running is set while the loop runs a frame: a checkpoint's write
+	// gives way to it (giveWay).
+	running atomic.Bool
 	// scratchOp is the kernels.Op compute builds each op in.
 	scratchOp kernels.Op
 	// uses is the map run1 indexes a frame's tensor ids in (frameUses),
@@ -428,7 +431,9 @@ func (d *device) run() (lost bool) {
 func (d *device) frame(msg jetstream.Msg, md *jetstream.MsgMetadata) {
 	d.loop.Lock()
 	defer d.loop.Unlock()
+	d.running.Store(true)
 	d.handle(msg, md)
+	d.running.Store(false)
 	now := time.Now()
 	d.lastFrame, d.trimmed = now, false
 	d.m.lastFrame.Store(now.UnixNano())
