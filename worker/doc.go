@@ -46,7 +46,8 @@
 // would pass it fails with resource_exhausted.
 //
 // Checkpoints are written beside the device loop (checkpoint.go): the loop
-// takes a snapshot of references and goes on; a goroutine writes it.
+// takes a snapshot of references and goes on; a goroutine writes it,
+// giving way before each chunk while the loop runs a frame (giveWay).
 // A takeover restores lazily (restore.go): the device serves once the
 // manifest is in, and its large tensors are read in the background, an op
 // that needs one waiting for it. Lease renewals (lease.go), registry
