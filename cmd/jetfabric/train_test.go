@@ -308,87 +308,42 @@ func TestTrainIsDeterministic(t *testing.T) {
 	}
 }
 
-// TestTrainSurvivesKilledWorker: the worker serving the run is SIGKILLed
+// TestTrainSurvivesKilledWorker: the worker serving cpu-0 is SIGKILLed
 // mid-training; a standby takes the device over and the run ends with the
-// weights of a run without a kill.
+// weights of a run without a kill. Data-parallel on two devices, the
+// standby replays the gradient exchanges too (it reads again the pieces
+// the other rank wrote, and writes its own once more).
 func TestTrainSurvivesKilledWorker(t *testing.T) {
 	if testing.Short() {
 		t.Skip("kills worker processes; skipped in -short")
 	}
-	b := brokertest.Run(t)
-	ws := &workers{t: t, url: b.ClientURL(), proc: map[string]*exec.Cmd{}, out: map[string]*output{},
-		args: []string{"--lease-ttl", "500ms", "--checkpoint-interval", "300ms"}}
-	ws.start()
-	waitDevice(t, b.ClientURL(), "cpu-0")
-	ws.start() // standby
-	c, err := client.Connect(b.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-
-	clean := trainOn(t, b.ClientURL(), smallRun("cpu-0"), nil)
-	var killed string
-	got := trainOn(t, b.ClientURL(), smallRun("cpu-0"), func(step int) {
-		if step != 5 {
-			return
-		}
-		killed = ws.owner(c)
-		ws.mu.Lock()
-		p, out := ws.proc[killed], ws.out[killed]
-		ws.mu.Unlock()
-		// Kill after a checkpoint holding the session, so that the standby
-		// restores it and replays only the frames after it.
-		checkFor(t, time.Minute, 20*time.Millisecond, func() error {
-			if !checkpointed.MatchString(out.String()) {
-				return errors.New("no checkpoint of the session yet")
-			}
-			return nil
-		})
-		if p == nil {
-			t.Errorf("step %d: no owner process for %q", step, killed)
-			return
-		}
-		_ = p.Process.Signal(syscall.SIGKILL)
-		ws.start()
-	})
-	if killed == "" {
-		t.Fatal("no worker was killed")
-	}
-	t.Logf("killed %s at step 5\n%s", killed, ws.logs())
-	if got.WeightsSHA256 != clean.WeightsSHA256 || got.TestAccuracy != clean.TestAccuracy {
-		t.Fatalf("killed %s at step 5: weights %s accuracy %v, the run without a kill %s %v\n%s",
-			killed, got.WeightsSHA256, got.TestAccuracy, clean.WeightsSHA256, clean.TestAccuracy, ws.logs())
+	for _, devs := range [][]string{{"cpu-0"}, {"cpu-0", "cpu-1"}} {
+		t.Run(strings.Join(devs, ","), func(t *testing.T) { trainThroughKill(t, devs) })
 	}
 }
 
-// TestTrainDataParallelSurvivesKilledWorker: in a data-parallel run on
-// two devices, the worker serving one of them is SIGKILLed mid-training; a
-// standby takes it over and replays its steps, gradient exchanges
-// included (it reads again the pieces the other rank wrote, and writes
-// its own once more), and the run ends with the weights of a run without
-// a kill.
-func TestTrainDataParallelSurvivesKilledWorker(t *testing.T) {
-	if testing.Short() {
-		t.Skip("kills worker processes; skipped in -short")
-	}
+// trainThroughKill trains on devs twice, the second time killing cpu-0's
+// owner at step 5, and compares the weights.
+func trainThroughKill(t *testing.T, devs []string) {
 	b := brokertest.Run(t)
 	ws := &workers{t: t, url: b.ClientURL(), proc: map[string]*exec.Cmd{}, out: map[string]*output{},
 		args: []string{"--lease-ttl", "500ms", "--checkpoint-interval", "300ms"}}
 	ws.start()
 	waitDevice(t, b.ClientURL(), "cpu-0")
-	ws.start() // standby
-	spawn(t, "worker", "--url", b.ClientURL(), "--devices", "cpu-1", "--id", "r1", "--checkpoint-interval", "300ms")
-	waitDevice(t, b.ClientURL(), "cpu-1")
+	ws.start()                   // standby
+	for _, d := range devs[1:] { // the other ranks: a worker each, never killed
+		spawn(t, "worker", "--url", b.ClientURL(), "--devices", d, "--id", "r-"+d, "--checkpoint-interval", "300ms")
+		waitDevice(t, b.ClientURL(), d)
+	}
 	c, err := client.Connect(b.ClientURL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 
-	clean := trainOn(t, b.ClientURL(), smallRun("cpu-0", "cpu-1"), nil)
+	clean := trainOn(t, b.ClientURL(), smallRun(devs...), nil)
 	var killed string
-	got := trainOn(t, b.ClientURL(), smallRun("cpu-0", "cpu-1"), func(step int) {
+	got := trainOn(t, b.ClientURL(), smallRun(devs...), func(step int) {
 		if step != 5 {
 			return
 		}
@@ -400,6 +355,8 @@ func TestTrainDataParallelSurvivesKilledWorker(t *testing.T) {
 			t.Errorf("step %d: no owner process for %q", step, killed)
 			return
 		}
+		// Kill after a checkpoint holding the session, so that the standby
+		// restores it and replays only the frames after it.
 		checkFor(t, time.Minute, 20*time.Millisecond, func() error {
 			if !checkpointed.MatchString(out.String()) {
 				return errors.New("no checkpoint of the session yet")
