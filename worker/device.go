@@ -710,11 +710,11 @@ func (d *device) run1(s *session, msg jetstream.Msg, seq uint64) (closed bool) {
 		s.pending = append(s.pending, d.failFrame(seq, reply, enc, codec.CodeMalformed, "%v", encErr))
 		return false
 	}
+	// The next decode zeroes the ops it reuses (their strings and slices
+	// are copies, sharing nothing with the message): only an array over
+	// maxReusedOps is let go.
 	frame := &d.decoded
 	defer func() {
-		// Let go of what the ops point to (their slices, and strings that
-		// may share the message's buffer); keep the array if not too big.
-		clear(frame.Ops)
 		if cap(frame.Ops) > maxReusedOps {
 			frame.Ops = nil
 		}

@@ -221,9 +221,8 @@ func (x *exec) replayFused(f fuser, p *graphPlan, op *codec.Op, ids []uint64, i 
 	}
 	ops = ops[:len(q.ops)]
 	defer func() {
-		clear(ops)
 		if cap(ops) <= maxReusedOps {
-			x.d.replayOps = ops[:0]
+			x.d.replayOps = ops[:0] // every op is overwritten at the next replay
 		}
 	}()
 	var backing []uint64

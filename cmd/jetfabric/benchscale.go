@@ -120,15 +120,7 @@ func benchScale(ctx context.Context, c scaleConfig, asJSON bool, stdout io.Write
 		procs = append(procs, cmd)
 		return nil
 	}
-	port := freeLoopbackPort()
-	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
-	if err := start(nil, "broker", "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--http", "", "--store", dir); err != nil {
-		return err
-	}
-	if err := waitConnect(ctx, url); err != nil {
-		return err
-	}
-	cl, err := client.Connect(url)
+	cl, url, err := brokerProcess(ctx, dir, func(args ...string) error { return start(nil, args...) })
 	if err != nil {
 		return err
 	}
@@ -182,6 +174,25 @@ func benchScale(ctx context.Context, c scaleConfig, asJSON bool, stdout io.Write
 		fmt.Fprintf(stdout, "%3d workers  %8.1f jobs/s  %7.2f GFLOP/s  %5.2fx\n", st.Workers, st.JobsPerS, st.GFLOPs, st.JobsPerS/base)
 	}
 	return nil
+}
+
+// brokerProcess starts a broker process through start, its store in dir,
+// on a free loopback port, and connects a client once it takes
+// connections.
+func brokerProcess(ctx context.Context, dir string, start func(args ...string) error) (*client.Client, string, error) {
+	port := freeLoopbackPort()
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	if err := start("broker", "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--http", "", "--store", dir); err != nil {
+		return nil, "", err
+	}
+	if err := waitConnect(ctx, url); err != nil {
+		return nil, "", err
+	}
+	cl, err := client.Connect(url)
+	if err != nil {
+		return nil, "", err
+	}
+	return cl, url, nil
 }
 
 func freeLoopbackPort() int {

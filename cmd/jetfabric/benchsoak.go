@@ -162,15 +162,7 @@ func benchSoak(ctx context.Context, c soakConfig, asJSON bool, stdout io.Writer,
 		procs = append(procs, cmd)
 		return cmd, nil
 	}
-	port := freeLoopbackPort()
-	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
-	if _, err := start("broker", "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--http", "", "--store", dir); err != nil {
-		return err
-	}
-	if err := waitConnect(ctx, url); err != nil {
-		return err
-	}
-	cl, err := client.Connect(url)
+	cl, url, err := brokerProcess(ctx, dir, func(args ...string) error { _, err := start(args...); return err })
 	if err != nil {
 		return err
 	}
