@@ -231,6 +231,7 @@ class ObjectStore:
         try:
             meta = self.info(name)
             deadline = time.monotonic() + timeout
+            recheck = 0.02
             while True:
                 if meta is not None:
                     if not meta.get("deleted"):
@@ -241,7 +242,15 @@ class ObjectStore:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError("object %r did not appear in bucket %s within %.1fs" % (name, self.bucket, timeout))
-                meta = json.loads(bytes(sub.next(left).data))
+                try:
+                    meta = json.loads(bytes(sub.next(min(left, recheck)).data))
+                except TimeoutError:
+                    # A meta stored between the first look and the
+                    # subscription taking effect is in neither place:
+                    # while nothing arrives, look again, at doubling
+                    # intervals (as the Go worker's awaitKey does).
+                    meta = self.info(name)
+                    recheck = min(2 * recheck, 1.0)
         finally:
             sub.unsubscribe()
 
