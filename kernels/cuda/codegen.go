@@ -476,7 +476,16 @@ type redSpec struct {
 	value  int
 	mode   redMode
 	kr, rr int // kept and reduced rank after collapsing
+	// vec: the warp or block loads redVec elements at a time from the
+	// leaves that walk the reduced dim with stride 1 (ewLeaf.inner), when
+	// their memory is aligned for it. The fold order does not depend on it.
+	vec bool
 }
+
+// redVec is the run of consecutive reduced elements a thread folds in
+// order in the warp and block modes, whether or not it loads them as one
+// vector: the order of a reduction depends only on its shape.
+const redVec = 4
 
 type ewSpec struct {
 	leaves []ewLeaf
@@ -518,7 +527,7 @@ func (s *ewSpec) key() string {
 	}
 	fmt.Fprintf(&b, "|%v", s.outs)
 	if r := s.red; r != nil {
-		fmt.Fprintf(&b, "|%s:%v:%v:%d:%d:%d:%d:%d", r.op, r.dt, r.out, r.corr, r.value, r.mode, r.kr, r.rr)
+		fmt.Fprintf(&b, "|%s:%v:%v:%d:%d:%d:%d:%d:%t", r.op, r.dt, r.out, r.corr, r.value, r.mode, r.kr, r.rr, r.vec)
 	}
 	return b.String()
 }
@@ -1063,36 +1072,88 @@ func (s *ewSpec) reduceKernel(b *strings.Builder) {
 	}
 	b.WriteString("\tconst idx_t r0 = (idx_t)blockIdx.y * chunk;\n\tidx_t r1 = r0 + chunk;\n\tif (r1 > R) r1 = R;\n")
 	b.WriteString("\tAcc acc = jf_init();\n")
-	b.WriteString("\t#pragma unroll 4\n")
-	switch rd.mode {
-	case redThreadPerOut:
-		b.WriteString("\tfor (idx_t r = r0; r < r1; r++) {\n")
-	case redWarpPerOut:
-		b.WriteString("\tfor (idx_t r = r0 + (threadIdx.x & 31); r < r1; r += 32) {\n")
-	default:
-		b.WriteString("\tfor (idx_t r = r0 + threadIdx.x; r < r1; r += blockDim.x) {\n")
-	}
-	b.WriteString("\t\tidx_t t = r, c;\n")
-	for _, op := range ops {
-		fmt.Fprintf(b, "\t\tidx_t f_%s = b_%s;\n", op, op)
-	}
-	for d := rd.rr - 1; d >= 0; d-- {
-		if d > 0 {
-			fmt.Fprintf(b, "\t\tc = t %% dr%d; t /= dr%d;\n", d, d)
-		} else {
-			b.WriteString("\t\tc = t;\n")
-		}
+	// body folds element r: its offsets from r, then the chain.
+	body := func(indent string) {
+		fmt.Fprintf(b, "%sidx_t t = r, c;\n", indent)
 		for _, op := range ops {
-			fmt.Fprintf(b, "\t\tf_%s += c * %s_r%d;\n", op, op, d)
+			fmt.Fprintf(b, "%sidx_t f_%s = b_%s;\n", indent, op, op)
+		}
+		for d := rd.rr - 1; d >= 0; d-- {
+			if d > 0 {
+				fmt.Fprintf(b, "%sc = t %% dr%d; t /= dr%d;\n", indent, d, d)
+			} else {
+				fmt.Fprintf(b, "%sc = t;\n", indent)
+			}
+			for _, op := range ops {
+				fmt.Fprintf(b, "%sf_%s += c * %s_r%d;\n", indent, op, op, d)
+			}
+		}
+		vars := s.outDecls(b, indent)
+		fmt.Fprintf(b, "%s%s rv;\n", indent, cCompute(rd.dt))
+		fmt.Fprintf(b, "%s%s\n", indent, s.evalCall(leafVals, vars, "rv"))
+		for k, o := range s.outs {
+			fmt.Fprintf(b, "%sout%d[f_w%d] = %s;\n", indent, k, k, cStoreConv(s.valDT(o), vars[k]))
+		}
+		fmt.Fprintf(b, "%sjf_fold(acc, rv, (i64)r);\n", indent)
+	}
+	if rd.mode == redThreadPerOut {
+		b.WriteString("\t#pragma unroll 4\n")
+		b.WriteString("\tfor (idx_t r = r0; r < r1; r++) {\n")
+		body("\t\t")
+		b.WriteString("\t}\n")
+	} else {
+		// A thread folds runs of redVec consecutive elements, the warp's
+		// (block's) threads side by side, so each load instruction of the
+		// warp reads whole vectors of consecutive memory.
+		lane, step := "threadIdx.x", "(idx_t)blockDim.x"
+		if rd.mode == redWarpPerOut {
+			lane, step = "(threadIdx.x & 31)", "32"
+		}
+		loop := fmt.Sprintf("\tfor (idx_t rb = r0 + (idx_t)%s * %d; rb < r1; rb += %s * %d) {\n", lane, redVec, step, redVec)
+		scalar := func(indent string) {
+			b.WriteString(loop)
+			fmt.Fprintf(b, "%s#pragma unroll\n%sfor (int u = 0; u < %d; u++) {\n", indent, indent, redVec)
+			fmt.Fprintf(b, "%s\tconst idx_t r = rb + u;\n%s\tif (r >= r1) break;\n", indent, indent)
+			body(indent + "\t")
+			fmt.Fprintf(b, "%s}\n\t}\n", indent)
+		}
+		if !rd.vec {
+			scalar("\t\t")
+		} else {
+			// Every leaf walks r with stride 1 (a vector a run) or 0 (one
+			// value a run); r0 and the kept strides are whole runs, so
+			// only the base pointers can be misaligned.
+			var aligned []string
+			vecVals := make([]string, len(s.leaves))
+			for j, l := range s.leaves {
+				if l.kind == leafStrided && l.inner == 1 {
+					aligned = append(aligned, fmt.Sprintf("((size_t)in%d %% %d == 0)", j, min(16, l.dt.Size()*redVec)))
+				}
+			}
+			fmt.Fprintf(b, "\tif (%s) {\n", strings.Join(aligned, " && "))
+			b.WriteString(loop)
+			for j, l := range s.leaves {
+				switch {
+				case l.kind == leafScalar:
+					vecVals[j] = leafVals[j]
+				case l.inner == 1:
+					fmt.Fprintf(b, "\t\tconst jf_vec<%s, %d> v%d = *reinterpret_cast<const jf_vec<%s, %d>*>(in%d + b_l%d + rb * l%d_r0);\n",
+						cStore(l.dt), redVec, j, cStore(l.dt), redVec, j, j, j)
+					vecVals[j] = cLoad(l.dt, fmt.Sprintf("v%d.v[u]", j))
+				default:
+					fmt.Fprintf(b, "\t\tconst %s z%d = %s;\n", cCompute(l.dt), j, cLoad(l.dt, fmt.Sprintf("in%d[b_l%d]", j, j)))
+					vecVals[j] = fmt.Sprintf("z%d", j)
+				}
+			}
+			fmt.Fprintf(b, "\t\t#pragma unroll\n\t\tfor (int u = 0; u < %d; u++) {\n", redVec)
+			fmt.Fprintf(b, "\t\t\t%s rv;\n", cCompute(rd.dt))
+			fmt.Fprintf(b, "\t\t\t%s\n", s.evalCall(vecVals, nil, "rv"))
+			b.WriteString("\t\t\tjf_fold(acc, rv, (i64)(rb + u));\n\t\t}\n\t}\n")
+			b.WriteString("\t} else {\n")
+			scalar("\t\t")
+			b.WriteString("\t}\n")
 		}
 	}
-	vars := s.outDecls(b, "\t\t")
-	fmt.Fprintf(b, "\t\t%s rv;\n", cCompute(rd.dt))
-	fmt.Fprintf(b, "\t\t%s\n", s.evalCall(leafVals, vars, "rv"))
-	for k, o := range s.outs {
-		fmt.Fprintf(b, "\t\tout%d[f_w%d] = %s;\n", k, k, cStoreConv(s.valDT(o), vars[k]))
-	}
-	b.WriteString("\t\tjf_fold(acc, rv, (i64)r);\n\t}\n")
 	shfl := "\t#pragma unroll\n\tfor (int off = 16; off > 0; off >>= 1) jf_comb(acc, jf_shfl(acc, off));\n"
 	switch rd.mode {
 	case redWarpPerOut:

@@ -373,9 +373,10 @@ func (p *ewPlan) planReduce(domain, axes []int, leafStrides [][]int, sms int) {
 		if p.O < target {
 			p.P = max(1, min(ceilDiv(target, p.O), ceilDiv(p.R, 4096), 65535))
 		}
-		p.chunk = ceilDiv(p.R, p.P)
+		// Chunks of whole runs (redVec), so a vector never straddles two.
+		p.chunk = ceilDiv(ceilDiv(p.R, p.P), redVec) * redVec
 		p.P = max(1, ceilDiv(p.R, p.chunk))
-		p.block = uint32(min(blockSize, ceilDiv(p.chunk, 32)*32))
+		p.block = uint32(min(blockSize, ceilDiv(ceilDiv(p.chunk, redVec), 32)*32))
 		p.grid = [3]uint32{uint32(p.O), uint32(p.P), 1}
 	default:
 		rd.mode = redThreadPerOut
@@ -390,6 +391,55 @@ func (p *ewPlan) planReduce(domain, axes []int, leafStrides [][]int, sms int) {
 		p.grid = [3]uint32{uint32(bx), uint32(p.P), 1}
 	}
 	s.idx64 = p.n > idx32Max || p.O*p.P > idx32Max
+	p.vectoriseReduce()
+}
+
+// vectoriseReduce lets a warp- or block-per-output reduction load whole
+// runs of redVec elements when the reduced dims collapse to one that every
+// leaf walks with stride 1 or 0, the run boundaries fall on multiples of
+// redVec for every row, and no elementwise output is written beside it.
+func (p *ewPlan) vectoriseReduce() {
+	s := &p.spec
+	rd := s.red
+	rd.vec = false
+	if rd.mode == redThreadPerOut || rd.rr != 1 || len(s.outs) > 0 || p.R%redVec != 0 || p.chunk%redVec != 0 {
+		return
+	}
+	ones := 0
+	k := 0 // operand index of the next strided leaf
+	for j := range s.leaves {
+		if s.leaves[j].kind != leafStrided {
+			continue
+		}
+		strides := p.opStrides[k]
+		k++
+		switch strides[len(strides)-1] {
+		case 0:
+		case 1:
+			for _, ks := range strides[:len(strides)-1] {
+				if ks%redVec != 0 {
+					return
+				}
+			}
+			ones++
+		default:
+			return
+		}
+	}
+	if ones == 0 {
+		return
+	}
+	k = 0
+	for j := range s.leaves {
+		if s.leaves[j].kind != leafStrided {
+			continue
+		}
+		if p.opStrides[k][len(p.opStrides[k])-1] == 1 {
+			s.leaves[j].inner = 1
+		}
+		k++
+	}
+	rd.vec = true
 }
 
 // kargs packs kernel parameters: each is its own value in blob, at offs.

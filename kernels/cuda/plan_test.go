@@ -215,3 +215,72 @@ func TestAliasLeaf(t *testing.T) {
 		}
 	}
 }
+
+// TestPlanReduceVector: a warp- or block-per-output reduction loads whole
+// runs where every leaf walks the reduced dim with stride 1 or 0 and the
+// runs fall on whole vectors; the order of the fold is the same either way.
+func TestPlanReduceVector(t *testing.T) {
+	f32 := func(s ...int) kernels.Meta { return kernels.Meta{DType: kernels.Float32, Shape: s} }
+	for _, c := range []struct {
+		name string
+		op   kernels.Op
+		in   []kernels.Meta
+		mode redMode
+		vec  bool
+	}{
+		{"short rows", kernels.Op{Name: kernels.OpSum, Axes: []int{1}}, []kernels.Meta{f32(100000, 64)}, redWarpPerOut, true},
+		{"long rows", kernels.Op{Name: kernels.OpSum, Axes: []int{1}}, []kernels.Meta{f32(64, 1000)}, redBlockPerOut, true},
+		{"odd rows", kernels.Op{Name: kernels.OpSum, Axes: []int{1}}, []kernels.Meta{f32(64, 1001)}, redBlockPerOut, false},
+		{"odd short rows", kernels.Op{Name: kernels.OpMax, Axes: []int{1}}, []kernels.Meta{f32(100000, 63)}, redWarpPerOut, false},
+		{"columns", kernels.Op{Name: kernels.OpSum, Axes: []int{0}}, []kernels.Meta{f32(1000, 64)}, redThreadPerOut, false},
+		{"whole tensor", kernels.Op{Name: kernels.OpSum}, []kernels.Meta{f32(4, 5, 8)}, redBlockPerOut, true},
+		{"two reduced dims apart", kernels.Op{Name: kernels.OpSum, Axes: []int{0, 2}}, []kernels.Meta{f32(64, 3, 512)}, redBlockPerOut, false},
+	} {
+		p, err := planOne(&c.op, c.in)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if p.spec.red.mode != c.mode || p.spec.red.vec != c.vec {
+			t.Errorf("%s: mode %d vec %t, want %d %t", c.name, p.spec.red.mode, p.spec.red.vec, c.mode, c.vec)
+		}
+		if p.spec.red.mode == redBlockPerOut && p.chunk%redVec != 0 {
+			t.Errorf("%s: chunk %d is not whole runs", c.name, p.chunk)
+		}
+		src, err := p.spec.source()
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if strings.Contains(src, "jf_vec<float, 4> v0") != c.vec {
+			t.Errorf("%s: vector loads in the source %t, want %t", c.name, !c.vec, c.vec)
+		}
+	}
+	// A chain over rows with a row vector broadcast, summed per row: both
+	// leaves walk the row with stride 1.
+	g := &kernels.FusedGroup{Inputs: 2, Ops: []kernels.FusedOp{
+		{Op: kernels.Op{Name: kernels.OpMul}, Args: []int{0, 1}},
+		{Op: kernels.Op{Name: kernels.OpSum, Axes: []int{1}}, Args: []int{2}},
+	}, Results: []int{3}}
+	vals, err := kernels.InferFused(g, []kernels.Meta{f32(65536, 1024), f32(1024)}, noLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := planGroup(g, vals, 132)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.spec.red.vec || p.spec.leaves[0].inner != 1 || p.spec.leaves[1].inner != 1 {
+		t.Errorf("row chain: vec %t leaves %+v", p.spec.red.vec, p.spec.leaves)
+	}
+	// A column vector broadcast along the row is one value a run.
+	vals, err = kernels.InferFused(g, []kernels.Meta{f32(65536, 1024), f32(65536, 1)}, noLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err = planGroup(g, vals, 132); err != nil {
+		t.Fatal(err)
+	}
+	src, _ := p.spec.source()
+	if !p.spec.red.vec || p.spec.leaves[1].inner != 0 || !strings.Contains(src, "z1") {
+		t.Errorf("column broadcast: vec %t leaves %+v", p.spec.red.vec, p.spec.leaves)
+	}
+}
