@@ -16,8 +16,9 @@ import (
 // collector's cost, on the other hand, does not grow with tensor bytes:
 // tensor buffers hold no pointers and are not scanned.
 //
-// So while the workers of this process hold tensors, the collector's
-// headroom is kept at an eighth of the tensor bytes (at least gcFloor):
+// So while the workers of this process hold tensors in the Go heap (CPU
+// devices), the collector's headroom is kept at an eighth of those bytes
+// (at least gcFloor):
 // GOGC = 100 x headroom / held, never above the process's own setting.
 // An explicit GOGC in the environment turns this off.
 
@@ -120,11 +121,22 @@ func gcLoop(stop <-chan struct{}, done chan<- struct{}) {
 	}
 }
 
-// heldBytes is the tensor memory of every device of w.
+// heldBytes is the tensor memory of w's devices that keep their tensors
+// in the Go heap.
 func (w *Worker) heldBytes() int64 {
+	return heapTensorBytes(w.allDevices())
+}
+
+// heapTensorBytes is the tensor memory of the devices among devs whose
+// tensors are Go heap: not a GPU's, whose tensors live in its own memory
+// and cost the collector nothing. Counting them would run the collector
+// many times as often while a GPU holds gigabytes, for no heap.
+func heapTensorBytes(devs []*device) int64 {
 	var n int64
-	for _, d := range w.allDevices() {
-		n += d.mem.held.Load()
+	for _, d := range devs {
+		if d.cfg.Kind != "gpu" {
+			n += d.mem.held.Load()
+		}
 	}
 	return n
 }
