@@ -3,7 +3,8 @@
 #   1. a CPU training step on 2 cores against PyTorch on the same 2 cores
 #      (jetfabric train, embedded fabric, against examples/torch/step_time.py);
 #   2. data-parallel CNN training on 4 CPU workers of 4 cores each against
-#      one (a broker and worker processes on this host).
+#      one (a broker and worker processes on this host), the backward
+#      replayed in two parts (the default) and whole (--no-split).
 # usage: bench/train.sh [rounds]    (from the repository root)
 # Environment: JF (jetfabric binary; built into bin/ if unset), PYTHON
 # (python3 with torch), CORES (the 2 cores of part 1, default 2,3),
@@ -49,6 +50,7 @@ if [[ " $parts " == *" dp "* ]]; then
   for r in $(seq "$rounds"); do
     one=$("$JF" train --url nats://127.0.0.1:$port --model cnn --devices cpu-0 --batch 128 --epochs 1 --limit 5120 --test-limit 1000 --json --progress 0 2>/dev/null | field samples_per_s step_ms)
     four=$("$JF" train --url nats://127.0.0.1:$port --model cnn --devices cpu-0,cpu-1,cpu-2,cpu-3 --batch 512 --epochs 1 --limit 20480 --test-limit 1000 --json --progress 0 2>/dev/null | field samples_per_s step_ms)
-    "$py" -c 'import sys; a,b,c,d=map(float,sys.argv[1:5]); print(f"round {sys.argv[5]}: 1 worker {a:.0f} samples/s ({b:.1f} ms a step), 4 workers {c:.0f} samples/s ({d:.1f} ms a step): {c/a:.2f}x")' $one $four $r
+    whole=$("$JF" train --url nats://127.0.0.1:$port --model cnn --devices cpu-0,cpu-1,cpu-2,cpu-3 --batch 512 --epochs 1 --limit 20480 --test-limit 1000 --json --progress 0 --no-split 2>/dev/null | field samples_per_s step_ms)
+    "$py" -c 'import sys; a,b,c,d,e,f=map(float,sys.argv[1:7]); print(f"round {sys.argv[7]}: 1 worker {a:.0f} samples/s ({b:.1f} ms a step), 4 workers {c:.0f} samples/s ({d:.1f} ms a step): {c/a:.2f}x; --no-split {e:.0f} samples/s ({f:.1f} ms a step): {e/a:.2f}x")' $one $four $whole $r
   done
 fi

@@ -90,7 +90,18 @@
 // predictions). Data-parallel ranks capture the two halves instead:
 // a GradStep (forward and backward, leaving the gradients on the
 // parameters), then, once the gradients are summed over the ranks, an
-// Update (the optimizer).
+// Update (the optimizer). NewSplitGradStep's GradStep replays its forward
+// and backward in two parts (client.SplitGraph), cut where the backward
+// has made the first half of the gradients' bytes (the last layers'), so
+// that their sum can start while the device runs the rest:
+//
+//	gs, _ := nn.NewSplitGradStep(c, model.Params(), fn, x.Meta(), y.Meta())
+//	loss, aux, err := gs.Start(ctx, x, y) // forward, and the first bucket's gradients
+//	... queue the sum of the gradients of gs.Buckets()[0]
+//	err = gs.Finish()                     // the rest of the backward
+//	... queue the sum of the others, then the Update
+//
+// The parts give the bits of the whole replay, dropout masks included.
 //
 // Tensors and graphs are not safe for concurrent use; the session under
 // them is.

@@ -254,7 +254,10 @@ func TestStepRefusesBadArguments(t *testing.T) {
 
 // TestGradStepAndUpdateReplayTheStep: a step run as its two captured
 // halves, forward and backward then the update, gives the bits of the same
-// step op by op, with the aux output (twice the loss, outside the gradient).
+// step op by op, with the aux output (twice the loss, outside the gradient),
+// and so does one whose forward and backward is replayed in two parts
+// (dropout included: the forward runs whole in the first part), with ops
+// between the parts.
 func TestGradStepAndUpdateReplayTheStep(t *testing.T) {
 	c, _ := ltLayerFabric(t)
 	ctx := context.Background()
@@ -265,7 +268,8 @@ func TestGradStepAndUpdateReplayTheStep(t *testing.T) {
 	const steps = 4
 	for name, newOpt := range opts {
 		t.Run(name, func(t *testing.T) {
-			run := func(captured bool) ([]float64, [][]float32) {
+			run := func(mode string) ([]float64, [][]float32) {
+				captured := mode != "ops"
 				s := ltOpenSession(t, c)
 				model := stepModel(t, s)
 				opt := newOpt()
@@ -279,7 +283,11 @@ func TestGradStepAndUpdateReplayTheStep(t *testing.T) {
 					return loss, []*nn.Tensor{twice}, loss.Err()
 				}
 				metas := []kernels.Meta{{DType: kernels.Float32, Shape: []int{6, 8}}, {DType: kernels.Int64, Shape: []int{6}}}
-				gs, err := nn.NewGradStep(c, model.Params(), fn, metas...)
+				newGradStep := nn.NewGradStep
+				if mode == "split" {
+					newGradStep = nn.NewSplitGradStep
+				}
+				gs, err := newGradStep(c, model.Params(), fn, metas...)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -292,17 +300,51 @@ func TestGradStepAndUpdateReplayTheStep(t *testing.T) {
 					x, y := stepBatch(t, s, k)
 					var loss *nn.Tensor
 					var aux []*nn.Tensor
-					if captured {
+					// Every mode queues an op of its own between the
+					// backward and the update, so that each step mints as
+					// many ids (dropout's masks are keyed by them); the
+					// split one between its parts.
+					between := func() {
+						g := model.Params()[2].T.Grad().Client()
+						g.Add(g).Free()
+					}
+					switch mode {
+					case "whole":
 						loss, aux, err = gs.Run(ctx, x, y)
+						if err == nil {
+							between()
+							err = up.Run(ctx)
+						}
+					case "split":
+						loss, aux, err = gs.Start(ctx, x, y)
+						if err != nil {
+							t.Fatal(err)
+						}
+						// The first bucket's gradients are there; the
+						// others are not yet.
+						params := model.Params()
+						buckets := gs.Buckets()
+						if len(buckets) != 2 || !slices.Equal(buckets[0], []int{1, 2, 3}) || !slices.Equal(buckets[1], []int{0}) {
+							t.Fatalf("buckets %v, want the last layer's parameters and the first's bias first", buckets)
+						}
+						if k == 0 && (params[0].T.Grad() != nil || params[1].T.Grad() == nil) {
+							t.Fatal("after Start, the first bucket's parameters hold gradients and no other does")
+						}
+						between()
+						err = gs.Finish()
+						if err == nil && params[0].T.Grad() == nil {
+							err = errors.New("no gradient of parameter 0 after Finish")
+						}
 						if err == nil {
 							err = up.Run(ctx)
 						}
-					} else {
+					default:
 						loss, aux, err = fn([]*nn.Tensor{x, y})
 						if err == nil {
 							err = nn.Backward(loss)
 						}
 						if err == nil {
+							between()
 							err = opt.Step(model.Params())
 						}
 						nn.ZeroGrad(model.Params())
@@ -334,18 +376,110 @@ func TestGradStepAndUpdateReplayTheStep(t *testing.T) {
 				}
 				return losses, params
 			}
-			wantLoss, wantParams := run(false)
-			gotLoss, gotParams := run(true)
-			for k := range wantLoss {
-				if math.Float64bits(gotLoss[k]) != math.Float64bits(wantLoss[k]) {
-					t.Errorf("output %d: %v captured, %v op by op", k, gotLoss[k], wantLoss[k])
+			wantLoss, wantParams := run("ops")
+			for _, mode := range []string{"whole", "split"} {
+				gotLoss, gotParams := run(mode)
+				for k := range wantLoss {
+					if math.Float64bits(gotLoss[k]) != math.Float64bits(wantLoss[k]) {
+						t.Errorf("%s: output %d: %v captured, %v op by op", mode, k, gotLoss[k], wantLoss[k])
+					}
 				}
-			}
-			for i := range wantParams {
-				if !slices.Equal(gotParams[i], wantParams[i]) {
-					t.Errorf("parameter %d differs after %d steps", i, steps)
+				for i := range wantParams {
+					if !slices.Equal(gotParams[i], wantParams[i]) {
+						t.Errorf("%s: parameter %d differs after %d steps", mode, i, steps)
+					}
 				}
 			}
 		})
+	}
+}
+
+// TestSplitGradStepRefusesMisuse: Finish needs a Start, Start needs the
+// last run finished, and Finish refuses a batch or parameter freed since
+// Start; a step of one parameter is replayed whole.
+func TestSplitGradStepRefusesMisuse(t *testing.T) {
+	c, _ := ltLayerFabric(t)
+	s := ltOpenSession(t, c)
+	model := stepModel(t, s)
+	fn := func(b []*nn.Tensor) (*nn.Tensor, []*nn.Tensor, error) {
+		logits, err := model.Forward(b[0])
+		if err != nil {
+			return nil, nil, err
+		}
+		loss := nn.CrossEntropy(logits, b[1], nn.ReduceMean)
+		return loss, nil, loss.Err()
+	}
+	metas := []kernels.Meta{{DType: kernels.Float32, Shape: []int{6, 8}}, {DType: kernels.Int64, Shape: []int{6}}}
+	if _, err := nn.NewSplitGradStep(c, nil, fn, metas...); !errors.Is(err, nn.ErrInvalidArgument) {
+		t.Errorf("no parameters: %v", err)
+	}
+	gs, err := nn.NewSplitGradStep(c, model.Params(), fn, metas...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := gs.Finish(); !errors.Is(err, nn.ErrInvalidArgument) {
+		t.Errorf("Finish before any Start: %v", err)
+	}
+	if gs.Buckets() != nil {
+		t.Errorf("buckets %v before the capture", gs.Buckets())
+	}
+	x, y := stepBatch(t, s, 0)
+	loss, _, err := gs.Start(ctx, x, y)
+	if err != nil {
+		t.Fatal(err)
+	}
+	loss.Free()
+	if _, _, err := gs.Start(ctx, x, y); !errors.Is(err, nn.ErrInvalidArgument) {
+		t.Errorf("Start twice: %v", err)
+	}
+	x.Free()
+	if err := gs.Finish(); !errors.Is(err, nn.ErrFreed) {
+		t.Errorf("Finish with the batch freed: %v", err)
+	}
+	// The run is over: a new one goes through.
+	x, y = stepBatch(t, s, 1)
+	if loss, _, err = gs.Run(ctx, x, y); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := loss.Item(ctx); err != nil || !(v > 0) {
+		t.Fatalf("loss %v, %v", v, err)
+	}
+	if err := gs.Finish(); !errors.Is(err, nn.ErrInvalidArgument) {
+		t.Errorf("Finish after Run: %v", err)
+	}
+	// The buckets of the same backward sent op by op are the replay's.
+	nn.ZeroGrad(model.Params())
+	if _, err := nn.GradBuckets(model.Params()); !errors.Is(err, nn.ErrInvalidArgument) {
+		t.Errorf("GradBuckets without gradients: %v", err)
+	}
+	loss, _, err = fn([]*nn.Tensor{x, y})
+	if err == nil {
+		err = nn.Backward(loss)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := nn.GradBuckets(model.Params()); err != nil || !slices.EqualFunc(got, gs.Buckets(), slices.Equal) {
+		t.Errorf("GradBuckets %v, %v; the split step's %v", got, err, gs.Buckets())
+	}
+
+	// One parameter: one bucket, replayed whole.
+	w := &nn.Param{Name: "w", T: nn.Zeros(s, kernels.Float32, []int{8, 4}).RequireGrad()}
+	one, err := nn.NewSplitGradStep(c, []*nn.Param{w}, func(b []*nn.Tensor) (*nn.Tensor, []*nn.Tensor, error) {
+		loss := nn.CrossEntropy(nn.Matmul(b[0], w.T), b[1], nn.ReduceMean)
+		return loss, nil, loss.Err()
+	}, metas...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if loss, _, err = one.Run(ctx, x, y); err != nil {
+		t.Fatal(err)
+	}
+	if b := one.Buckets(); len(b) != 1 || !slices.Equal(b[0], []int{0}) {
+		t.Fatalf("buckets %v of one parameter", b)
+	}
+	if v, err := loss.Item(ctx); err != nil || math.Abs(v-math.Log(4)) > 1e-6 {
+		t.Fatalf("loss %v, %v: want log 4", v, err)
 	}
 }

@@ -38,6 +38,7 @@ type trainFlags struct {
 	every     time.Duration
 	check     int
 	noGraph   bool
+	noSplit   bool
 	noChains  bool
 }
 
@@ -78,6 +79,7 @@ func (f *trainFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.every, "progress", 3*time.Second, "print a progress line this often (0: none)")
 	fs.IntVar(&f.check, "check-every", 20, "read the loss every this many steps, to report progress and catch a NaN")
 	fs.BoolVar(&f.noGraph, "no-graph", false, "send every step op by op instead of replaying it as a captured graph")
+	fs.BoolVar(&f.noSplit, "no-split", false, "data-parallel: replay each rank's forward and backward whole and sum all the gradients after it, instead of in two parts, the first half of the gradients (the last layers') summed while the rest of the backward runs")
 	fs.BoolVar(&f.noChains, "no-gpu-chains", false, "without -url: launch each elementwise op on a GPU by itself, not a run of them as one kernel (the same bits either way)")
 }
 

@@ -22,7 +22,10 @@ import (
 // on the CPU does. Compare with the PyTorch anchors of the same models run
 // on the same cores. "ops" sends each step op by op (-no-graph), "replay"
 // replays it as captured graphs; "dp2" splits each batch over two devices
-// of one worker, the gradients summed through the object store.
+// of one worker, the gradients summed through the object store, each
+// rank's forward and backward replayed in two parts with the first
+// bucket's sum queued between them ("replay", as train runs) or replayed
+// whole, all gradients summed after it ("replay-whole", -no-split).
 func BenchmarkTrainStep(b *testing.B) {
 	data, err := mnistData()
 	if err != nil {
@@ -42,7 +45,8 @@ func BenchmarkTrainStep(b *testing.B) {
 		model, mode string
 		ranks       int
 	}{{"mlp", "ops", 1}, {"mlp", "replay", 1}, {"cnn", "ops", 1}, {"cnn", "replay", 1},
-		{"mlp", "ops", 2}, {"mlp", "replay", 2}, {"cnn", "ops", 2}, {"cnn", "replay", 2}} {
+		{"mlp", "ops", 2}, {"mlp", "replay", 2}, {"mlp", "replay-whole", 2},
+		{"cnn", "ops", 2}, {"cnn", "replay", 2}, {"cnn", "replay-whole", 2}} {
 		name := bench.model + "/" + bench.mode
 		if bench.ranks > 1 {
 			name = bench.model + "/dp2-" + bench.mode
@@ -65,7 +69,8 @@ func BenchmarkTrainStep(b *testing.B) {
 					b.Fatal(err)
 				}
 				r.params, r.opt = r.model.Params(), nn.NewAdam(1e-3)
-				if bench.mode == "replay" {
+				r.split = bench.mode != "replay-whole"
+				if bench.mode != "ops" {
 					if err := r.useGraphs(c, bench.ranks); err != nil {
 						b.Fatal(err)
 					}

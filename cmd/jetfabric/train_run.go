@@ -12,6 +12,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/jetfabric/jetfabric/client"
@@ -112,6 +113,11 @@ type replica struct {
 	steps  map[[2]int]*nn.Step
 	grads  map[[2]int]*nn.GradStep
 	update *nn.Update
+	// split: with more than one rank, the gradients are summed in two
+	// buckets, each forward and backward replayed in two parts, the first
+	// bucket's sum queued between them (see nn.GradStep); sent op by op,
+	// in the same buckets after the whole backward (nn.GradBuckets).
+	split bool
 	// Since the last check: each step's loss (scaled by the rank's share
 	// of the batch), and the sum of correct predictions, on the worker.
 	losses  []*client.Tensor
@@ -160,6 +166,7 @@ func trainMNIST(ctx context.Context, c *client.Client, f *trainFlags, train, tes
 		}
 		r.params = r.model.Params()
 		r.opt = nn.NewAdam(f.lr)
+		r.split = !f.noSplit
 		if !f.noGraph {
 			if err := r.useGraphs(c, len(f.devices)); err != nil {
 				return nil, err
@@ -379,8 +386,21 @@ func rankErrors(ctx context.Context, reps []*replica, failed *replica, step int,
 // (each rank's loss is its mean times its share of the batch, so the sum is
 // the gradient of the batch's mean loss), and each rank's Adam applies them.
 // On one device with captured steps, the whole step is one replay.
+//
+// With more ranks and r.split, each rank's forward and backward is
+// replayed in two parts, each followed by the concatenation of the
+// gradients it made, and the all_reduce of a bucket is queued on every
+// rank once the last rank has queued its part: every rank sends part 1,
+// concat 1, all_reduce 1, part 2, concat 2, all_reduce 2, so that a
+// device that runs a collective in the background computes the rest of
+// the backward meanwhile. Sent op by op, the backward goes whole, then
+// the same two buckets (so that dropout's masks, keyed by the ids the ops
+// mint, are the replay's). Without split, one bucket of every gradient.
 func trainStep(ctx context.Context, c *client.Client, reps []*replica, lo, hi int) error {
 	nb, R := hi-lo, len(reps)
+	var ex *gradExchange
+	var pending []*nn.GradStep  // each rank's forward and backward, its first part queued
+	var batches [][2]*nn.Tensor // freed once every backward is queued
 	for i, r := range reps {
 		a, b := lo+i*nb/R, lo+(i+1)*nb/R
 		xc, yc, err := r.ep.Batch(a, b)
@@ -392,17 +412,24 @@ func trainStep(ctx context.Context, c *client.Client, reps []*replica, lo, hi in
 		fn := r.stepFunc(float64(b-a) / float64(nb))
 		var loss *nn.Tensor
 		var aux []*nn.Tensor
+		buckets := [][]int{allParams(len(r.params))}
 		switch {
 		case r.grads != nil:
 			key := [2]int{b - a, nb}
 			gs := r.grads[key]
 			if gs == nil {
-				if gs, err = nn.NewGradStep(c, r.params, fn, x.Meta(), y.Meta()); err != nil {
+				newGradStep := nn.NewGradStep
+				if r.split {
+					newGradStep = nn.NewSplitGradStep
+				}
+				if gs, err = newGradStep(c, r.params, fn, x.Meta(), y.Meta()); err != nil {
 					return err
 				}
 				r.grads[key] = gs
 			}
-			loss, aux, err = gs.Run(ctx, x, y)
+			loss, aux, err = gs.Start(ctx, x, y)
+			buckets = gs.Buckets()
+			pending = append(pending, gs)
 		case r.steps != nil:
 			st := r.steps[[2]int{b - a, nb}]
 			if st == nil {
@@ -417,20 +444,52 @@ func trainStep(ctx context.Context, c *client.Client, reps []*replica, lo, hi in
 			if err == nil {
 				err = nn.Backward(loss)
 			}
+			if err == nil && R > 1 && r.split {
+				buckets, err = nn.GradBuckets(r.params)
+			}
 		}
 		if err != nil {
 			return err
 		}
 		r.losses = append(r.losses, loss.Client())
 		r.correct = accumulate(r.s, r.correct, aux[0].Client())
-		x.Free()
-		y.Free()
+		batches = append(batches, [2]*nn.Tensor{x, y})
+		if R > 1 {
+			if ex == nil {
+				if ex, err = newGradExchange(reps, buckets); err != nil {
+					return err
+				}
+			} else if !slices.EqualFunc(buckets, ex.buckets, slices.Equal) {
+				return fmt.Errorf("%s: its gradients come in buckets %v, rank 0's in %v", r.s.Device(), buckets, ex.buckets)
+			}
+			if err := ex.submit(i, 0); err != nil {
+				return err
+			}
+		}
+	}
+	// The rest of each rank's backward, then the concatenation of the
+	// gradients it made.
+	for i := range reps {
+		if pending != nil {
+			if err := pending[i].Finish(); err != nil {
+				return err
+			}
+		}
+		for bucket := 1; ex != nil && bucket < len(ex.buckets); bucket++ {
+			if err := ex.submit(i, bucket); err != nil {
+				return err
+			}
+		}
+	}
+	for _, b := range batches {
+		b[0].Free()
+		b[1].Free()
 	}
 	if R == 1 && reps[0].steps != nil {
 		return nil
 	}
 	if R > 1 {
-		if err := syncGrads(reps); err != nil {
+		if err := ex.finish(); err != nil {
 			return err
 		}
 	}
@@ -449,8 +508,18 @@ func trainStep(ctx context.Context, c *client.Client, reps []*replica, lo, hi in
 	return nil
 }
 
+// allParams is the indexes of n parameters: one bucket of them all.
+func allParams(n int) []int {
+	all := make([]int, n)
+	for i := range all {
+		all[i] = i
+	}
+	return all
+}
+
 // useGraphs makes r replay its steps as captured graphs: each whole step
-// on one rank, each half of it with more.
+// on one rank, each half of it with more (the forward and backward in two
+// parts when r.split).
 func (r *replica) useGraphs(c *client.Client, ranks int) error {
 	if ranks == 1 {
 		r.steps = map[[2]int]*nn.Step{}
@@ -491,59 +560,93 @@ func (r *replica) stepFunc(scale float64) nn.StepFunc {
 // (BenchmarkGradExchange in the client package).
 const gradBucket = 64 << 20
 
-// syncGrads sums every parameter's gradient over the ranks through the
-// object store and sets the sum as each rank's gradient: one all_reduce
-// for each run of parameters that fills a bucket (one for the MNIST
-// networks). A sum is taken element by element in rank order, so grouping
-// changes no bit.
-func syncGrads(reps []*replica) error {
-	var units [][]int // indexes of the parameters summed together
-	bytes := 0
-	for p, pr := range reps[0].params {
-		n := pr.T.Numel() * pr.T.DType().Size()
-		if len(units) == 0 || bytes+n > gradBucket {
-			units, bytes = append(units, nil), 0
+// gradExchange sums every parameter's gradient over the ranks through the
+// object store and sets the sum as each rank's gradient. The parameters
+// come in buckets (the parts of a split backward, or one bucket of all),
+// each summed by one all_reduce for each run of its parameters that fills
+// a gradBucket (one for the MNIST networks). A sum is taken element by
+// element in rank order, so grouping changes no bit.
+type gradExchange struct {
+	reps    []*replica
+	buckets [][]int
+	units   [][]int // indexes of the parameters summed together
+	of      [][]int // the units of each bucket
+	g       *client.GradSync
+	cats    []*client.Tensor // the concatenations, freed once summed
+}
+
+// newGradExchange prepares the sum of one step's gradients of reps, in
+// buckets (indexes of parameters, every parameter in one bucket).
+func newGradExchange(reps []*replica, buckets [][]int) (*gradExchange, error) {
+	x := &gradExchange{reps: reps, buckets: buckets, of: make([][]int, len(buckets))}
+	seen := make([]bool, len(reps[0].params))
+	for b, ps := range buckets {
+		bytes := 0
+		for k, p := range ps {
+			if p < 0 || p >= len(seen) || seen[p] {
+				return nil, fmt.Errorf("gradient buckets %v: parameter %d out of range or twice", buckets, p)
+			}
+			seen[p] = true
+			pr := reps[0].params[p]
+			n := pr.T.Numel() * pr.T.DType().Size()
+			if k == 0 || bytes+n > gradBucket {
+				x.of[b] = append(x.of[b], len(x.units))
+				x.units, bytes = append(x.units, nil), 0
+			}
+			x.units[len(x.units)-1] = append(x.units[len(x.units)-1], p)
+			bytes += n
 		}
-		units[len(units)-1] = append(units[len(units)-1], p)
-		bytes += n
 	}
-	g, err := client.NewGradSync(len(reps), len(units), "sum")
+	if i := slices.Index(seen, false); i >= 0 {
+		return nil, fmt.Errorf("gradient buckets %v: no bucket holds parameter %d", buckets, i)
+	}
+	var err error
+	x.g, err = client.NewGradSync(len(reps), len(x.units), "sum")
+	return x, err
+}
+
+// submit queues on rank the concatenation of its gradients of each unit of
+// bucket and submits it: the last rank's submit queues the all_reduce on
+// every rank.
+func (x *gradExchange) submit(rank, bucket int) error {
+	r := x.reps[rank]
+	for _, u := range x.of[bucket] {
+		ps := x.units[u]
+		parts := make([]*client.Tensor, len(ps))
+		for k, p := range ps {
+			gr := r.params[p].T.Grad()
+			if gr == nil {
+				return fmt.Errorf("parameter %s of rank %d has no gradient", r.params[p].Name, rank)
+			}
+			parts[k] = gr.Client()
+		}
+		t := parts[0]
+		if len(ps) > 1 {
+			for k, part := range parts {
+				parts[k] = part.Reshape(r.params[ps[k]].T.Numel())
+			}
+			t = r.s.Apply(codec.Op{Op: kernels.OpConcat, Axis: 0}, parts...)
+			for _, part := range parts {
+				part.Free()
+			}
+			x.cats = append(x.cats, t)
+		}
+		if err := x.g.Submit(rank, u, t); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// finish sets every rank's gradients to the sums, once every bucket is
+// submitted, and frees the concatenations.
+func (x *gradExchange) finish() error {
+	sums, err := x.g.Synced()
 	if err != nil {
 		return err
 	}
-	var cats []*client.Tensor // the concatenations, freed once summed
-	for u, ps := range units {
-		for i, r := range reps {
-			parts := make([]*client.Tensor, len(ps))
-			for k, p := range ps {
-				gr := r.params[p].T.Grad()
-				if gr == nil {
-					return fmt.Errorf("parameter %s of rank %d has no gradient", r.params[p].Name, i)
-				}
-				parts[k] = gr.Client()
-			}
-			t := parts[0]
-			if len(ps) > 1 {
-				for k, part := range parts {
-					parts[k] = part.Reshape(r.params[ps[k]].T.Numel())
-				}
-				t = r.s.Apply(codec.Op{Op: kernels.OpConcat, Axis: 0}, parts...)
-				for _, part := range parts {
-					part.Free()
-				}
-				cats = append(cats, t)
-			}
-			if err := g.Submit(i, u, t); err != nil {
-				return err
-			}
-		}
-	}
-	sums, err := g.Synced()
-	if err != nil {
-		return err
-	}
-	for u, ps := range units {
-		for i, r := range reps {
+	for u, ps := range x.units {
+		for i, r := range x.reps {
 			sum := []*client.Tensor{sums[u][i]}
 			if len(ps) > 1 {
 				sizes := make([]int, len(ps))
@@ -566,7 +669,7 @@ func syncGrads(reps []*replica) error {
 			}
 		}
 	}
-	for _, t := range cats {
+	for _, t := range x.cats {
 		t.Free()
 	}
 	return nil

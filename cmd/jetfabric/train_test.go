@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -10,10 +11,12 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,6 +29,7 @@ import (
 	"github.com/jetfabric/jetfabric/datasets"
 	"github.com/jetfabric/jetfabric/datasets/mnist"
 	"github.com/jetfabric/jetfabric/internal/poll"
+	"github.com/jetfabric/jetfabric/kernels"
 	"github.com/jetfabric/jetfabric/nn"
 	"github.com/jetfabric/jetfabric/worker"
 	"github.com/jetfabric/jetfabric/worker/workertest"
@@ -305,6 +309,143 @@ func TestTrainIsDeterministic(t *testing.T) {
 		if first.TestAccuracy < 0.5 {
 			t.Fatalf("%v: test accuracy %.3f: the model did not learn", devs, first.TestAccuracy)
 		}
+	}
+}
+
+// TestSplitGradStepOnTheModels: the MLP's and the CNN's forward and
+// backward replayed in two parts give the loss, the correct count and
+// every gradient of the whole replay bit for bit (the CNN's dropout masks
+// included: the forward runs whole in the first part), and the first
+// bucket is the CNN's two linear layers and all of the MLP but its first
+// layer's weight.
+func TestSplitGradStepOnTheModels(t *testing.T) {
+	b := brokertest.Run(t)
+	workertest.Run(t, b, workertest.CPUs(2))
+	c, err := client.Connect(b.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	const n = 8
+	r := rand.New(rand.NewPCG(1, 2))
+	pixels, labels := make([]float64, n*mnist.Rows*mnist.Cols), make([]float64, n)
+	for i := range pixels {
+		pixels[i] = r.NormFloat64()
+	}
+	for i := range labels {
+		labels[i] = float64(r.IntN(10))
+	}
+	for _, tt := range []struct {
+		model string
+		first []string // the names of the first bucket's parameters
+	}{
+		{"mlp", []string{"1.bias", "3.weight", "3.bias", "5.weight", "5.bias"}},
+		{"cnn", []string{"7.weight", "7.bias", "10.weight", "10.bias"}},
+	} {
+		t.Run(tt.model, func(t *testing.T) {
+			run := func(device string, split bool) ([][]byte, []string) {
+				s, err := c.Open(ctx, device)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer s.Close(ctx)
+				s.Seed(5)
+				rep := &replica{s: s}
+				if rep.model, err = newModel(s, tt.model, 32); err != nil {
+					t.Fatal(err)
+				}
+				rep.params = rep.model.Params()
+				x, err := nn.FromValues(ctx, s, kernels.Float32, []int{n, 1, mnist.Rows, mnist.Cols}, pixels)
+				if err != nil {
+					t.Fatal(err)
+				}
+				y, err := nn.FromValues(ctx, s, kernels.Int64, []int{n}, labels)
+				if err != nil {
+					t.Fatal(err)
+				}
+				newGradStep := nn.NewGradStep
+				if split {
+					newGradStep = nn.NewSplitGradStep
+				}
+				gs, err := newGradStep(c, rep.params, rep.stepFunc(0.5), x.Meta(), y.Meta())
+				if err != nil {
+					t.Fatal(err)
+				}
+				loss, aux, err := gs.Run(ctx, x, y)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var bits [][]byte
+				for _, o := range append([]*nn.Tensor{loss, aux[0]}, gradsOf(rep.params)...) {
+					d, err := o.Client().Read(ctx)
+					if err != nil {
+						t.Fatal(err)
+					}
+					bits = append(bits, d.Bytes)
+				}
+				var first []string
+				if bs := gs.Buckets(); split {
+					if len(bs) != 2 || len(bs[0])+len(bs[1]) != len(rep.params) {
+						t.Fatalf("buckets %v of %d parameters", bs, len(rep.params))
+					}
+					for _, i := range bs[0] {
+						first = append(first, rep.params[i].Name)
+					}
+				}
+				return bits, first
+			}
+			want, _ := run("cpu-0", false)
+			got, first := run("cpu-1", true)
+			for i := range want {
+				if !bytes.Equal(got[i], want[i]) {
+					t.Errorf("output %d (loss, correct, then the gradients) differs", i)
+				}
+			}
+			if !slices.Equal(first, tt.first) {
+				t.Errorf("first bucket %v, want %v", first, tt.first)
+			}
+		})
+	}
+}
+
+// gradsOf is the parameters' gradients.
+func gradsOf(ps []*nn.Param) []*nn.Tensor {
+	gs := make([]*nn.Tensor, len(ps))
+	for i, p := range ps {
+		gs[i] = p.T.Grad()
+	}
+	return gs
+}
+
+// TestTrainDataParallelSplitIsDeterministic: data-parallel on two devices,
+// each rank's backward replayed in two parts, the CNN (dropout included)
+// trains to the same weights bit for bit on two runs, and sent op by op
+// (its gradients summed in the same two buckets, so that its ops mint as
+// many ids); the MLP trains to the same weights split and not split
+// (-no-split), the sums taken element by element in rank order either way.
+func TestTrainDataParallelSplitIsDeterministic(t *testing.T) {
+	b := brokertest.Run(t)
+	workertest.Run(t, b, workertest.CPUs(2))
+	cnn := func() *trainFlags {
+		return &trainFlags{model: "cnn", devices: []string{"cpu-0", "cpu-1"}, epochs: 1, batch: 32, lr: 1e-3, seed: 2,
+			limit: 128, testLimit: 50, hidden: 512, check: 2}
+	}
+	first := trainOn(t, b.ClientURL(), cnn(), nil)
+	second := trainOn(t, b.ClientURL(), cnn(), nil)
+	if first.WeightsSHA256 != second.WeightsSHA256 || first.Steps != 4 {
+		t.Fatalf("cnn: weights %s then %s, %d steps", first.WeightsSHA256, second.WeightsSHA256, first.Steps)
+	}
+	ops := cnn()
+	ops.noGraph = true
+	if got := trainOn(t, b.ClientURL(), ops, nil); got.WeightsSHA256 != first.WeightsSHA256 {
+		t.Fatalf("cnn: weights %s op by op, %s replayed in parts", got.WeightsSHA256, first.WeightsSHA256)
+	}
+	split := trainOn(t, b.ClientURL(), smallRun("cpu-0", "cpu-1"), nil)
+	whole := smallRun("cpu-0", "cpu-1")
+	whole.noSplit = true
+	if got := trainOn(t, b.ClientURL(), whole, nil); got.WeightsSHA256 != split.WeightsSHA256 {
+		t.Fatalf("mlp: weights %s with -no-split, %s split", got.WeightsSHA256, split.WeightsSHA256)
 	}
 }
 
