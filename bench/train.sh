@@ -9,13 +9,16 @@
 # Environment: JF (jetfabric binary; built into bin/ if unset), PYTHON
 # (python3 with torch), CORES (the 2 cores of part 1, default 2,3),
 # XFER (memory or file: the broker's --xfer-storage of part 2, default
-# memory), PARTS ("cpu dp" by default).
+# memory), PARTS ("cpu dp" by default), DATA (the directory of the four
+# MNIST .gz files; default: the GoMNIST module in the Go module cache).
 set -euo pipefail
 rounds=${1:-2}
 cores=${CORES:-2,3}
 py=${PYTHON:-python3}
 xfer=${XFER:-memory}
 parts=${PARTS:-cpu dp}
+data=()
+if [ -n "${DATA:-}" ]; then data=(--data "$DATA"); fi
 if [ -z "${JF:-}" ]; then
   CGO_ENABLED=0 go build -o bin/jetfabric ./cmd/jetfabric
   JF=bin/jetfabric
@@ -28,7 +31,7 @@ if [[ " $parts " == *" cpu "* ]]; then
   for m in mlp cnn; do
     limit=25600; [ $m = cnn ] && limit=3840
     for r in $(seq "$rounds"); do
-      j=$(GOMAXPROCS=2 taskset -c "$cores" "$JF" train --model $m --epochs 1 --limit $limit --test-limit 1000 --json --progress 0 2>/dev/null | field step_ms weights_sha256)
+      j=$(GOMAXPROCS=2 taskset -c "$cores" "$JF" train "${data[@]}" --model $m --epochs 1 --limit $limit --test-limit 1000 --json --progress 0 2>/dev/null | field step_ms weights_sha256)
       t=$(taskset -c "$cores" "$py" examples/torch/step_time.py $m 2 2>/dev/null | field step_ms)
       "$py" -c 'import sys; j,h,t=sys.argv[1],sys.argv[2],sys.argv[3]; print(f"{sys.argv[4]} round {sys.argv[5]}: jetfabric {float(j):.2f}  pytorch {float(t):.2f}  ratio {float(j)/float(t):.2f}x  weights {h[:12]}")' ${j} ${t} $m $r
     done
@@ -48,9 +51,9 @@ if [[ " $parts " == *" dp "* ]]; then
   done
   sleep 2
   for r in $(seq "$rounds"); do
-    one=$("$JF" train --url nats://127.0.0.1:$port --model cnn --devices cpu-0 --batch 128 --epochs 1 --limit 5120 --test-limit 1000 --json --progress 0 2>/dev/null | field samples_per_s step_ms)
-    four=$("$JF" train --url nats://127.0.0.1:$port --model cnn --devices cpu-0,cpu-1,cpu-2,cpu-3 --batch 512 --epochs 1 --limit 20480 --test-limit 1000 --json --progress 0 2>/dev/null | field samples_per_s step_ms)
-    whole=$("$JF" train --url nats://127.0.0.1:$port --model cnn --devices cpu-0,cpu-1,cpu-2,cpu-3 --batch 512 --epochs 1 --limit 20480 --test-limit 1000 --json --progress 0 --no-split 2>/dev/null | field samples_per_s step_ms)
+    one=$("$JF" train "${data[@]}" --url nats://127.0.0.1:$port --model cnn --devices cpu-0 --batch 128 --epochs 1 --limit 5120 --test-limit 1000 --json --progress 0 2>/dev/null | field samples_per_s step_ms)
+    four=$("$JF" train "${data[@]}" --url nats://127.0.0.1:$port --model cnn --devices cpu-0,cpu-1,cpu-2,cpu-3 --batch 512 --epochs 1 --limit 20480 --test-limit 1000 --json --progress 0 2>/dev/null | field samples_per_s step_ms)
+    whole=$("$JF" train "${data[@]}" --url nats://127.0.0.1:$port --model cnn --devices cpu-0,cpu-1,cpu-2,cpu-3 --batch 512 --epochs 1 --limit 20480 --test-limit 1000 --json --progress 0 --no-split 2>/dev/null | field samples_per_s step_ms)
     "$py" -c 'import sys; a,b,c,d,e,f=map(float,sys.argv[1:7]); print(f"round {sys.argv[7]}: 1 worker {a:.0f} samples/s ({b:.1f} ms a step), 4 workers {c:.0f} samples/s ({d:.1f} ms a step): {c/a:.2f}x; --no-split {e:.0f} samples/s ({f:.1f} ms a step): {e/a:.2f}x")' $one $four $whole $r
   done
 fi
