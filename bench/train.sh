@@ -9,7 +9,7 @@
 # Environment: JF (jetfabric binary; built into bin/ if unset), PYTHON
 # (python3 with torch), CORES (the 2 cores of part 1, default 2,3),
 # XFER (memory or file: the broker's --xfer-storage of part 2, default
-# memory), PARTS ("cpu dp" by default), DATA (the directory of the four
+# memory), PARTS ("cpu dp" by default), MODELS (of part 1, "mlp cnn"), DATA (the directory of the four
 # MNIST .gz files; default: the GoMNIST module in the Go module cache).
 set -euo pipefail
 rounds=${1:-2}
@@ -28,7 +28,7 @@ echo "host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 
 
 if [[ " $parts " == *" cpu "* ]]; then
   echo "== 1. one step at batch 128 on cores $cores (ms; jetfabric is the run's wall time over its steps)"
-  for m in mlp cnn; do
+  for m in ${MODELS:-mlp cnn}; do
     limit=25600; [ $m = cnn ] && limit=3840
     for r in $(seq "$rounds"); do
       j=$(GOMAXPROCS=2 taskset -c "$cores" "$JF" train "${data[@]}" --model $m --epochs 1 --limit $limit --test-limit 1000 --json --progress 0 2>/dev/null | field step_ms weights_sha256)
