@@ -320,7 +320,7 @@ CLOSED = "closed"
 # Errors a server sends that leave the connection open (nats.go's list):
 # every other -ERR is followed by the server closing it, and a connection
 # closed so is not made again.
-_BENIGN_ERRS = ("permissions violation", "stale connection")
+_BENIGN_ERRS = ("permissions violation", "stale connection", "maximum connections exceeded")
 
 
 class Server:

@@ -497,7 +497,10 @@ class ObjectStore:
         def acked(m: Optional[Msg]) -> None:
             with cv:
                 if m is None:
-                    state["err"] = ConnectionClosedError("connection lost while writing %s" % (final or nuid))
+                    # Acknowledgements in flight were lost with the connection.
+                    state["err"] = self.conn._closed or DisconnectedError(
+                        "the connection to the broker was lost while writing %s, its acknowledgements with it; the "
+                        "client is reconnecting: write it again" % (final or nuid))
                 else:
                     try:
                         parse_ack(m, subj)

@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import tempfile
 import threading
@@ -254,6 +255,24 @@ class TestLostAnswers(unittest.TestCase):
             self.assertGreaterEqual(s.reasked, 1)
             # The subscriptions were made again: the session goes on.
             self.assertEqual((x - 1).tolist(), [0.0, -2.0])
+            s.close()
+
+    def test_large_result_across_a_cut(self):
+        # A result over the inline limit comes through the object store while
+        # the client follows its chunks: the connection is cut with a chunk
+        # in flight, and the read carries on, from the stream where needed.
+        n = 2 << 20  # 8 MiB of f32
+        with jetfabric.connect(self.proxy.url) as fab:
+            s = fab.session("cpu-0")
+            x = s.full([n], 1.5)
+            s.sync()
+            self.proxy.drop("$O.%s.C." % fab.xfer_bucket, cut=True)
+            a = x.read(timeout=120)
+            self.assertEqual(self.proxy.dropped, 1)
+            self.assertGreaterEqual(fab.conn.reconnects, 1)
+            self.assertEqual(a.shape, (n,))
+            self.assertEqual(bytes(a.data), struct.pack("<f", 1.5) * n)
+            self.assertEqual((x.sum()).item(), 1.5 * n)
             s.close()
 
     def test_reconnects_to_another_url(self):
