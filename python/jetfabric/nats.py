@@ -31,6 +31,8 @@ import json
 import secrets
 import socket
 import ssl
+import struct
+import sys
 import threading
 import time
 import urllib.parse
@@ -464,7 +466,10 @@ class Connection:
     the kept publishes go out. A server that closes the connection after
     an -ERR (a message over max_payload, an authorization failure) closes
     it for good; so does close(), and reconnect=False on any loss.
-    reconnects counts the connections made again.
+    reconnects counts the connections made again. A connection whose server
+    went silent is taken for lost when max_pings_out PINGs, sent every
+    ping_interval seconds, have had no PONG, or when a send makes no
+    progress for timeout seconds (at least 10).
 
     TLS: tls_ca is a PEM file of the authorities to trust (default: the
     system's), tls_cert and tls_key a client certificate for a broker that
@@ -481,7 +486,8 @@ class Connection:
                  inbox_prefix: str = "_INBOX_fabric", tls: Optional[bool] = None, tls_ca: str = "", tls_cert: str = "",
                  tls_key: str = "", ssl_context: Optional[ssl.SSLContext] = None, tls_handshake_first: bool = False,
                  creds: str = "", reconnect: bool = True, reconnect_wait: float = 0.25, reconnect_max_wait: float = 2.0,
-                 reconnect_time: Optional[float] = 120.0, reconnect_buffer: int = 8 << 20):
+                 reconnect_time: Optional[float] = 120.0, reconnect_buffer: int = 8 << 20,
+                 ping_interval: float = 20.0, max_pings_out: int = 2):
         self.servers = parse_servers(url)
         if not timeout > 0:
             raise ValueError("timeout %r: want seconds > 0" % (timeout,))
@@ -492,6 +498,9 @@ class Connection:
             raise ValueError("reconnect_time %r: want seconds >= 0, or None to reconnect for ever" % (reconnect_time,))
         if reconnect_buffer < 0:
             raise ValueError("reconnect_buffer %r: want bytes >= 0" % (reconnect_buffer,))
+        if not ping_interval >= 0 or max_pings_out < 1:
+            raise ValueError("ping_interval %r, max_pings_out %r: want seconds >= 0 (0: no pings) and at least 1"
+                             % (ping_interval, max_pings_out))
         asked = (any(s.scheme == "tls" for s in self.servers) or bool(tls_ca or tls_cert or tls_key)
                  or ssl_context is not None or tls_handshake_first)
         if tls is False and asked:
@@ -510,6 +519,9 @@ class Connection:
         self._reconnect_max_wait = reconnect_max_wait
         self.reconnect_time = reconnect_time
         self.reconnect_buffer = reconnect_buffer
+        self._ping_interval = ping_interval
+        self._max_pings_out = max_pings_out
+        self._pings_out = 0
         self.timeout = timeout
 
         self._wlock = threading.Lock()  # the socket's output, the status, the kept publishes
@@ -541,6 +553,8 @@ class Connection:
         self._reader = threading.Thread(target=self._run, name="jetfabric-nats-reader", daemon=True)
         self._reader.start()
         self._mux_sub = self.subscribe(self._mux_prefix + ">", cb=self._mux_deliver)
+        if ping_interval > 0:
+            threading.Thread(target=self._pinger, name="jetfabric-nats-pinger", daemon=True).start()
 
     @staticmethod
     def _tls_context(ca: str, cert: str, key: str) -> ssl.SSLContext:
@@ -602,6 +616,17 @@ class Connection:
     def _handshake(self, link: _Link, srv: Server, url: str, deadline: float, timeout: float) -> None:
         sock = link.sock
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # type: ignore[union-attr]
+        if sys.platform != "win32" and hasattr(socket, "SO_SNDTIMEO"):
+            # A send that makes no progress for this long (a server that
+            # stopped reading: paused, or its host gone) fails, and the
+            # connection is made again, as the server does to a client it
+            # cannot write to.
+            w = max(self.timeout, _WRITE_STALL)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,  # type: ignore[union-attr]
+                                struct.pack("ll", int(w), int((w % 1) * 1e6)))
+            except (OSError, struct.error):
+                pass
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)  # type: ignore[union-attr]
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)  # type: ignore[union-attr]
@@ -713,6 +738,7 @@ class Connection:
         self.url = srv.url
         self.server = srv
         self._fatal = ""
+        self._broke_why = ""  # why this side took the connection for broken
 
     # -- state -------------------------------------------------------------
 
@@ -783,6 +809,8 @@ class Connection:
         it again (or closes it for good)."""
         while True:
             err = self._read_loop()
+            if self._broke_why:
+                err = ConnectionClosedError(self._broke_why)
             if self._closed is not None:
                 return
             if not self._reconnect or self._fatal:
@@ -863,6 +891,7 @@ class Connection:
                 return False
             self._install_link(link, srv)
             self._kept, self._kept_size = [], 0
+            self._pings_out = 0
             self.reconnects += 1
             self._set_status(CONNECTED)
         self._tell("reconnected")
@@ -874,6 +903,27 @@ class Connection:
                 self._lost_why, ", ".join(s.redacted() for s in self.servers), self.reconnect_time or 0.0,
                 ": last error: %s: %s" % (last[0].redacted(), last[1]) if last else "")))
         return False
+
+    def _pinger(self) -> None:
+        """Sends a PING every ping_interval while connected; when
+        max_pings_out of them have had no PONG, the connection is taken for
+        dead (its server's host gone, a network cut: no reset ever comes)
+        and made again. Runs until the connection is closed."""
+        while not self._stop.wait(self._ping_interval):
+            with self._wlock:
+                if self.status != CONNECTED or self._closed is not None:
+                    continue
+                if self._pings_out >= self._max_pings_out:
+                    self._broke_why = "stale connection: no PONG to %d PINGs sent %.1fs apart" % (
+                        self._pings_out, self._ping_interval)
+                    self._broken(OSError(self._broke_why))
+                    continue
+                self._pings_out += 1
+                self._pongs.append(threading.Event())
+                try:
+                    self._sock.sendall(b"PING\r\n")
+                except OSError as e:
+                    self._broken(e)
 
     def _read_loop(self) -> Exception:
         """Reads and dispatches until the socket fails; returns why."""
@@ -971,6 +1021,7 @@ class Connection:
                     if line == b"PING":
                         self._send(b"PONG\r\n")
                     elif line == b"PONG":
+                        self._pings_out = 0
                         if self._pongs:
                             self._pongs.popleft().set()
                     elif line.startswith(b"-ERR"):
@@ -1036,9 +1087,10 @@ class Connection:
         self._kept_size += n
 
     def _broken(self, e: OSError) -> None:
-        """A send failed (the caller holds _wlock): the reader finds the
-        socket dead and reconnects, or, without reconnecting, it closes."""
-        self.last_error = self.last_error or "send: %s" % e
+        """A send failed, or the server went silent (the caller holds _wlock):
+        the reader finds the socket dead and reconnects, or, without
+        reconnecting, it closes."""
+        self._broke_why = self._broke_why or "send: %s" % e
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -1337,6 +1389,10 @@ class Connection:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+
+# _WRITE_STALL is the least time a send may make no progress before the
+# connection is taken for broken (nats-server's own write deadline).
+_WRITE_STALL = 10.0
 
 # ACK_WAIT bounds the wait for one JetStream acknowledgement before the
 # publish goes out again (js_publish with retry; a session's frames).

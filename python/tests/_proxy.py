@@ -25,6 +25,7 @@ class Proxy:
         self.url = "nats://127.0.0.1:%d" % self._ls.getsockname()[1]
         self._lock = threading.Lock()
         self._pairs: List[Tuple[socket.socket, socket.socket]] = []
+        self._frozen: List[Tuple[socket.socket, socket.socket]] = []
         # [subject prefix, messages left to drop, cut the connection after]
         self._drops: List[list] = []
         self.dropped = 0
@@ -39,6 +40,12 @@ class Proxy:
         starts with prefix; with cut, closes that connection right after."""
         with self._lock:
             self._drops.append([prefix.encode(), count, cut])
+
+    def freeze(self) -> None:
+        """From now on the connections open through the proxy carry nothing
+        either way, and stay open: a host gone without a word."""
+        with self._lock:
+            self._frozen.extend(self._pairs)
 
     def cut(self) -> None:
         """Closes every connection through the proxy (new ones are accepted)."""
@@ -95,6 +102,8 @@ class Proxy:
                 if not data:
                     break
                 with self._lock:
+                    if (c, u) in self._frozen:
+                        continue
                     self.sent += data
                 u.sendall(data)
         except OSError:
@@ -117,6 +126,9 @@ class Proxy:
                 data = u.recv(1 << 16)
                 if not data:
                     break
+                with self._lock:
+                    if (c, u) in self._frozen:
+                        continue
                 buf += data
                 out = bytearray()
                 cut = False

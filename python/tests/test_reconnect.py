@@ -143,7 +143,7 @@ class TestBadInput(unittest.TestCase):
                 self.assertNotIsInstance(cm.exception, jetfabric.ConnectionClosedError)
                 self.assertIn(says, str(cm.exception))
         for kw in ({"reconnect_time": -1}, {"reconnect_wait": 0}, {"reconnect_wait": 3, "reconnect_max_wait": 1},
-                   {"reconnect_buffer": -1}, {"fail_fast": 0}, {"device_timeout": -1}, {"publish_window": 0}):
+                   {"reconnect_buffer": -1}, {"ping_interval": -1}, {"max_pings_out": 0}, {"fail_fast": 0}, {"device_timeout": -1}, {"publish_window": 0}):
             with self.subTest(kw=kw):
                 with self.assertRaises(ValueError):
                     jetfabric.connect(procs.url, **kw)
@@ -255,6 +255,20 @@ class TestLostAnswers(unittest.TestCase):
             self.assertGreaterEqual(s.reasked, 1)
             # The subscriptions were made again: the session goes on.
             self.assertEqual((x - 1).tolist(), [0.0, -2.0])
+            s.close()
+
+    def test_silent_connection(self):
+        # The server's host is gone without a word (the proxy carries nothing
+        # and closes nothing): PINGs without PONGs tell, and the connection
+        # is made again; the read sent into the silence is asked again.
+        with jetfabric.connect(self.proxy.url, ping_interval=0.5, fail_fast=60) as fab:
+            s = fab.session("cpu-0")
+            x = s.tensor([3.0])
+            s.sync()
+            self.proxy.freeze()
+            self.assertEqual((x + 1).read(timeout=120).tolist(), [4.0])
+            self.assertGreaterEqual(fab.conn.reconnects, 1)
+            self.assertIn("stale connection", fab.conn._lost_why)
             s.close()
 
     def test_large_result_across_a_cut(self):
