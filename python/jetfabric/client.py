@@ -1734,13 +1734,25 @@ def live(device: dict, now: Optional[float] = None, within: float = 10.0) -> boo
 class Fabric:
     """A connection to a jetfabric broker.
 
+    url is one broker URL, several separated by commas, or a list of them
+    (the nodes of a cluster): the connection is made to the first that
+    answers and, when lost, made again to any of them (the connection's
+    options, reconnect_time, reconnect_wait, reconnect_max_wait,
+    reconnect_buffer, ping_interval, TLS, go to jetfabric.nats.Connection).
+    timeout bounds requests and connecting; read_timeout a read, sync or
+    close; fail_fast how long such a call goes on while the fabric does not
+    answer (no connection, no stream leader, no quorum) before it raises
+    FabricUnavailableError naming the cause; device_timeout how long it
+    waits for a device no worker serves before NoDeviceError (0: no limit
+    but read_timeout); frame_check when it first checks on a late answer.
+
     >>> fab = Fabric("nats://127.0.0.1:4222")
     >>> with fab.session() as s:
     ...     x = s.tensor([[1.0, 2.0], [3.0, 4.0]])
     ...     print((x @ x).tolist())
     """
 
-    def __init__(self, url: str = "nats://127.0.0.1:4222", prefix: str = "fabric", timeout: float = 10.0,
+    def __init__(self, url: Union[str, Sequence[str]] = "nats://127.0.0.1:4222", prefix: str = "fabric", timeout: float = 10.0,
                  read_timeout: float = 60.0, max_ops: int = 4096, max_frame: int = 1 << 20,
                  inline_upload: int = 1 << 20, publish_window: int = 256, frame_check: float = 0.2,
                  creds: str = "", tenant: str = "", heartbeat: float = 30.0, fail_fast: float = 2.75,
@@ -2183,8 +2195,8 @@ class Fabric:
             sub.unsubscribe()
 
 
-def connect(url: str = "nats://127.0.0.1:4222", **kw: Any) -> Fabric:
-    """Connects to a jetfabric broker (see Fabric)."""
+def connect(url: Union[str, Sequence[str]] = "nats://127.0.0.1:4222", **kw: Any) -> Fabric:
+    """Connects to a jetfabric broker, or the first of several that answers (see Fabric)."""
     return Fabric(url, **kw)
 
 

@@ -823,6 +823,8 @@ class Connection:
     def _lost(self, err: Exception) -> None:
         """The connection broke: answers in flight with it are lost."""
         with self._wlock:
+            if self._closed is not None:
+                return  # closed meanwhile: _redial sees it
             self._lost_at = time.monotonic()
             self._lost_why = str(err)
             try:
