@@ -1,7 +1,9 @@
 // Package python_test runs the Python package's own tests (python/tests,
 // stdlib unittest) against a real fabric: a broker and a worker serving
 // cpu-0 and cpu-1 and taking cpu jobs, and a second worker serving idle-0,
-// whose sessions are freed after a second without frames or heartbeats.
+// whose sessions are freed after a second without frames or heartbeats;
+// and tests/test_reconnect.py against broker and worker processes of the
+// jetfabric binary built here, which it stops and starts itself.
 // It picks python3 from
 // JETFABRIC_PYTHON, else the first python3 (on PATH, then /usr/bin) that
 // has numpy, else the first there is; without one it skips.
@@ -14,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -73,7 +76,8 @@ func TestPythonPackage(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, py, "-m", "unittest", "discover", "-s", "tests", "-t", ".", "-v")
 	cmd.Env = append(os.Environ(), "JETFABRIC_URL="+b.ClientURL(), "PYTHONPATH=.", "PYTHONDONTWRITEBYTECODE=1",
-		"JETFABRIC_IDLE_DEVICE=idle-0", "JETFABRIC_GO_GRAPH="+goGraphName(t, b.ClientURL()))
+		"JETFABRIC_IDLE_DEVICE=idle-0", "JETFABRIC_GO_GRAPH="+goGraphName(t, b.ClientURL()),
+		"JETFABRIC_RECONNECT_TESTS=0") // TestPythonReconnect runs them
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("%s -m unittest: %v\n%s", py, err, out)
@@ -122,6 +126,48 @@ func TestPythonTLS(t *testing.T) {
 	if !strings.Contains(string(out), "\nOK") || strings.Contains(string(out), "skipped") {
 		t.Fatalf("unittest did not report OK with nothing skipped:\n%s", out)
 	}
+}
+
+// TestPythonReconnect runs python/tests/test_reconnect.py: a Python session
+// outlives its broker's restart (the broker a process of the jetfabric
+// binary, built here, on a file store), its lost acknowledgements and
+// answers, and cut connections; bad URLs and a missing broker fail within
+// their deadline. The test starts and restarts the processes itself.
+func TestPythonReconnect(t *testing.T) {
+	py, _ := interpreter(t)
+	bin := buildJetfabric(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, py, "-m", "unittest", "-v", "tests.test_reconnect")
+	cmd.Env = append(os.Environ(), "JETFABRIC_BIN="+bin, "PYTHONPATH=.", "PYTHONDONTWRITEBYTECODE=1")
+	cmd.Env = slices.DeleteFunc(cmd.Env, func(e string) bool { return strings.HasPrefix(e, "JETFABRIC_RECONNECT_TESTS=") })
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s -m unittest tests.test_reconnect: %v\n%s", py, err, out)
+	}
+	t.Logf("%s", out)
+	if !strings.Contains(string(out), "\nOK") || strings.Contains(string(out), "skipped") {
+		t.Fatalf("the reconnect tests did not all run and pass:\n%s", out)
+	}
+}
+
+// buildJetfabric builds the jetfabric command into a temporary directory
+// and returns its path.
+func buildJetfabric(t *testing.T) string {
+	t.Helper()
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("building the jetfabric binary for the Python reconnect tests needs the go tool on PATH: %v", err)
+	}
+	bin := filepath.Join(t.TempDir(), "jetfabric")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, goTool, "build", "-o", bin, "github.com/jetfabric/jetfabric/cmd/jetfabric")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/jetfabric: %v\n%s", err, out)
+	}
+	return bin
 }
 
 // goGraphName is the name the Go client gives the program that

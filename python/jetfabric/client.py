@@ -9,6 +9,16 @@ full, or on flush(). Errors of ops surface at the next read or sync of the
 session as OpError subclasses carrying the wire code.
 
 A Session is meant for one thread at a time; a Fabric may be shared.
+
+A Fabric survives a broker restart or a cluster's leader changing: its
+connection is made again by itself (to the URL it was given or any of
+several, see jetfabric.nats.Connection), every frame carries a Nats-Msg-Id
+and its number in its session, so a frame whose acknowledgement was lost is
+published again and stored once, and a read, sync or close whose answer was
+lost is asked again (docs/PROTOCOL.md §3). A call that the fabric cannot
+serve for fail_fast seconds raises FabricUnavailableError naming the cause
+(DisconnectedError, NoLeaderError, NoQuorumError), and the session carries
+on once the fabric is back.
 """
 
 from __future__ import annotations
@@ -25,12 +35,19 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 from . import cbor
 from .errors import (
     ConnectionClosedError,
+    DisconnectedError,
     FabricError,
+    FabricUnavailableError,
     JetStreamError,
+    MaxPayloadError,
+    NoDeviceError,
+    NoLeaderError,
+    NoQuorumError,
+    NoRespondersError,
     TimeoutError,
     op_error,
 )
-from .nats import Connection, Msg, Signal, parse_ack
+from .nats import ACK_WAIT, CONNECTED, ERR_DUP_IN_PROCESS, Connection, Msg, Signal, encode_headers, parse_ack, transient
 from .objectstore import ObjectStore
 
 try:  # numpy is optional
@@ -782,7 +799,12 @@ class Session:
         self._failure: Optional[Exception] = None  # a refused frame: every later wait raises it
         self._frame = 0  # frames published, numbered from 1 in Fabric-Frame
         self._untagged: List[dict] = []
-        self._inflight = 0
+        # Frames published asking for the stream's acknowledgement and not
+        # yet acknowledged, by number (see flush).
+        self._pending: Dict[int, _Frame] = {}
+        self._stream_known = False
+        self.redelivered = 0  # frames published again (an acknowledgement lost, late, or a failure)
+        self.reasked = 0  # reads, syncs and closes asked again (an answer lost)
         self._cv = threading.Condition(self._lock)
         self.closed = False
         self.subject = "%s.ops.%s.%s" % (fabric.space, device, self.token)
@@ -1028,83 +1050,173 @@ class Session:
 
     # -- frames and answers ----------------------------------------------------
 
-    def flush(self, waited: bool = False) -> None:
-        """Publishes the queued ops as one frame. A frame nothing waits on
-        goes through JetStream, its acknowledgement taken asynchronously (a
-        refusal fails the session's next wait); with waited (the frame of a
-        read, sync or close) it is a plain publish, the worker's answer
-        proving it stored, and _call checks the stream when the answer is
-        late (docs/PROTOCOL.md §3)."""
-        if self.record:
-            return
-        if not self._ops:
-            return
+    def flush(self, waited: bool = False) -> Optional["_Frame"]:
+        """Publishes the queued ops as one frame, and returns it (None when
+        nothing was queued).
+
+        Every frame carries its number in the session (Fabric-Frame) and a
+        Nats-Msg-Id made of the session's subject and that number, so that
+        the stream stores a frame published twice once, and the worker runs
+        the session's frames in the order of their numbers. A frame nothing
+        waits on goes through JetStream, up to publish_window of them
+        unacknowledged: one whose acknowledgement does not come within
+        ACK_WAIT (lost with the connection, say), or comes as a failure that
+        says nothing about the frame (no responders, no stream leader), is
+        published again, with its id, by the fabric's redelivery thread until
+        the stream stores it; a refusal fails the session's next wait. With
+        waited (the frame of a read, sync or close) it is a plain publish,
+        the worker's answer proving it stored, and _call checks the stream
+        when the answer is late (docs/PROTOCOL.md §3). While the connection
+        is being made again, frames are kept by it and go out once
+        connected."""
+        if self.record or not self._ops:
+            return None
         ops, self._ops, self._bytes = self._ops, [], 0
         frame = cbor.dumps({"v": PROTOCOL_VERSION, "ops": ops})
-        self._frame += 1
-        headers = {"Fabric-Reply": self.inbox, "Fabric-Frame": str(self._frame),
-                   "Nats-Msg-Id": "%s-%d" % (self.subject, self._frame)}
+        n = self._frame + 1
+        headers = {"Fabric-Reply": self.inbox, "Fabric-Frame": str(n), "Nats-Msg-Id": "%s-%d" % (self.subject, n)}
+        size = len(frame) + len(encode_headers(headers))
+        if size > self.f.conn.max_payload:
+            # The number is not used: the session's frames stay contiguous.
+            raise MaxPayloadError("frame of %d bytes on %s is over the broker's max_payload of %d bytes (upload large "
+                                  "tensors, which go through the object store, or lower max_frame)"
+                                  % (size, self.subject, self.f.conn.max_payload))
+        fr = _Frame(n, frame, headers)
         if waited:
-            self.f.conn.publish(self.subject, frame, headers=headers)
-            return
+            self._frame = n
+            try:
+                self.f.conn.publish(self.subject, frame, headers=headers)
+            except DisconnectedError as e:
+                self._redeliver(fr, e)  # kept here until the connection is back
+            return fr
         with self._cv:
-            while self._inflight >= self.f.publish_window and self._failure is None:
-                if not self._cv.wait(self.f.timeout):
-                    raise TimeoutError("no JetStream acknowledgement for %d frames of session %s" % (self._inflight, self.token))
-            self._inflight += 1
+            deadline = time.monotonic() + self.f.timeout
+            while len(self._pending) >= self.f.publish_window and self._failure is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise self._window_error()
+                self._cv.wait(left)
+            fr.since = time.monotonic()
+            fr.due = fr.since + ACK_WAIT
+            self._pending[n] = fr
+        self._frame = n
+        self.f._track(self)
         try:
-            self.f.conn.publish(self.subject, frame, reply=self._ack_reply, headers=headers)
-        except Exception:
+            self.f.conn.publish(self.subject, frame, reply="%s.%d" % (self._ack_reply, n), headers=headers)
+        except DisconnectedError as e:
+            self._redeliver(fr, e)
+        except BaseException:
             with self._cv:
-                self._inflight -= 1
+                self._pending.pop(n, None)
+                self._cv.notify_all()
             raise
+        return fr
 
-    def _stored(self, frame: int) -> bool:
-        """Whether the stream stored frame (or a later one) of this session."""
-        if self.f.tenant:
-            # A tenant reads the last frame on its own subject, in the
-            # direct get's subject form.
-            m = self.f.conn.request("$JS.API.DIRECT.GET.%s.%s" % (self.f.ops_stream, self.subject), b"")
-            if m.status == "404" or m.status:
-                return False
-            try:
-                return int(m.headers.get("Fabric-Frame", "0")) >= frame
-            except ValueError:
-                return False
-        try:
-            r = self.f.conn.js_api("STREAM.MSG.GET." + self.f.ops_stream, {"last_by_subj": self.subject})
-        except JetStreamError as e:
-            if e.code == 404:
-                return False
-            raise
-        import base64
-        from .nats import parse_headers
-        hdrs = r.get("message", {}).get("hdrs")
-        if not hdrs:
-            return False
-        h, _ = parse_headers(base64.b64decode(hdrs))
-        try:
-            return int(h.get("Fabric-Frame", "0")) >= frame
-        except ValueError:
-            return False
+    def _window_error(self) -> Exception:
+        """Why the publish window stayed full (the caller holds _cv)."""
+        last = min(self._pending.values(), key=lambda fr: fr.since).err if self._pending else None
+        if self.f.conn.status != CONNECTED:
+            return self.f.conn.disconnected_error("%d frames of session %s wait for the stream's acknowledgement"
+                                                  % (len(self._pending), self.token))
+        return TimeoutError("%d frames of session %s have no JetStream acknowledgement after %.1fs%s" % (
+            len(self._pending), self.token, self.f.timeout, " (last failure: %s)" % last if last else ""))
 
-    def _on_ack(self, m: Optional[Msg]) -> None:
-        err: Optional[Exception] = None
-        if m is None:
-            err = self.f.conn._closed or ConnectionClosedError("connection closed")
-        else:
-            try:
-                parse_ack(m, self.subject)
-            except FabricError as e:
-                err = e
+    def _redeliver(self, fr: "_Frame", err: Exception) -> None:
+        """Takes frame fr, whose publish failed with err without the stream
+        refusing it, to be published again after a backoff (50 ms doubling to
+        2 s)."""
+        now = time.monotonic()
         with self._cv:
-            self._inflight -= 1
-            if err is not None and self._failure is None:
+            if fr.err is None:
+                fr.wait = _REDELIVER_WAIT
+            else:
+                fr.wait = min(2 * fr.wait, _REDELIVER_MAX)
+            if not fr.since:
+                fr.since = now
+            fr.err = err
+            fr.due = now + fr.wait
+            self._pending[fr.n] = fr
+        self.f._track(self)
+
+    def _due(self, now: float) -> List["_Frame"]:
+        """The frames to publish again now, in the order of their numbers;
+        each is then awaited for ACK_WAIT before it is due again."""
+        with self._cv:
+            due = [fr for fr in self._pending.values() if fr.due <= now]
+            for fr in due:
+                fr.due = now + ACK_WAIT
+        due.sort(key=lambda fr: fr.n)
+        return due
+
+    def _next_due(self) -> Optional[float]:
+        with self._cv:
+            return min((fr.due for fr in self._pending.values()), default=None)
+
+    def _republish(self, fr: "_Frame") -> None:
+        """Publishes fr again, with its Nats-Msg-Id (the redelivery thread)."""
+        if isinstance(fr.err, NoRespondersError) and not self.f.tenant and not self._captured():
+            self._refused(fr, NoRespondersError("no stream captures %s (no responders)" % self.subject))
+            return
+        try:
+            self.f.conn.publish(self.subject, fr.data, reply="%s.%d" % (self._ack_reply, fr.n), headers=fr.headers)
+            self.redelivered += 1
+        except DisconnectedError as e:
+            self._redeliver(fr, e)
+        except FabricError:
+            pass  # closed for good: nothing to publish on
+
+    def _captured(self) -> bool:
+        """Whether a stream captures the session's subject (asked once found)."""
+        if not self._stream_known:
+            self._stream_known = self.f.conn.stream_captures(self.subject)
+        return self._stream_known
+
+    def _refused(self, fr: "_Frame", err: Exception) -> None:
+        """The stream refuses frame fr: every later wait of the session raises err."""
+        with self._cv:
+            self._pending.pop(fr.n, None)
+            if self._failure is None:
                 self._failure = err
             self._cv.notify_all()
-            waits = list(self._waits.values()) if err is not None else []
+            waits = list(self._waits.values())
         for w in waits:
             w.ev.set()
+
+    def _on_ack(self, m: Optional[Msg]) -> None:
+        """The stream's answer to frame n, on <ack reply>.<n> (reader thread);
+        None when the connection was lost with the answers in flight."""
+        if m is None:
+            if self.f.conn.closed:
+                self._refused(_Frame(0, b"", {}), self.f.conn._closed or ConnectionClosedError("connection closed"))
+                return
+            now = time.monotonic()
+            with self._cv:
+                for fr in self._pending.values():
+                    fr.due = min(fr.due, now)  # published again once connected
+            self.f._wake_redeliver()
+            return
+        try:
+            n = int(m.subject.rsplit(".", 1)[1])
+        except (IndexError, ValueError):
+            return
+        err: Optional[Exception] = None
+        try:
+            parse_ack(m, self.subject)
+        except FabricError as e:
+            err = e
+        with self._cv:
+            fr = self._pending.get(n)
+            if fr is None:
+                return  # answered already: a frame published twice
+            if err is None:
+                del self._pending[n]
+                self._cv.notify_all()
+                return
+        if transient(err):
+            self._redeliver(fr, err)
+            self.f._wake_redeliver()
+            return
+        self._refused(fr, err)
 
     def _on_result(self, m: Optional[Msg]) -> None:
         if m is None:
@@ -1128,13 +1240,32 @@ class Session:
             else:
                 w = self._waits.get(tag)
                 if w is None:
-                    return  # an answer no longer waited for (replayed after a takeover)
+                    return  # an answer no longer waited for (replayed after a takeover, or asked twice)
+                if w.result is not None and w.result.get("tag"):
+                    return  # the first answer wins (an op asked twice is answered twice)
                 w.result = r
                 waits = [w]
         for w in waits:
             w.ev.set()
 
     def _call(self, op: dict, timeout: Optional[float]) -> dict:
+        """Sends op (a read, sync or close) with a fresh tag in a frame of its
+        own and waits for the answer, within timeout (read_timeout).
+
+        When no answer has come after frame_check, the frame is published
+        again asking for the stream's acknowledgement (its Nats-Msg-Id: stored
+        once): a refusal fails the call; once stored, the call checks at
+        doubling intervals up to a second apart that the stream still has a
+        leader and the device a live worker, and asks again (op, same tag, in
+        a frame of its own: the first answer wins) when the connection was
+        made again since the op went out, or when the device's registry entry
+        says its worker has applied the frame's stream sequence and no answer
+        came (lost on the worker's side). When the fabric does not answer for
+        fail_fast seconds the call raises FabricUnavailableError naming the
+        cause (DisconnectedError, NoLeaderError, NoQuorumError), and when no
+        worker serves the device for device_timeout, NoDeviceError; the frame
+        then goes on being published in the background, so that the session
+        carries on when the fabric is back."""
         if self.record:
             if self.graph is not None:
                 raise FabricError("a graph cannot %s: name its outputs in Graph.define" % op.get("op"))
@@ -1143,30 +1274,70 @@ class Session:
             raise self._failure
         self._next_tag += 1
         tag = op["tag"] = self._next_tag
+        name = op.get("op", "")
         w = _Wait()
         with self._lock:
             self._waits[tag] = w
         try:
             self._queue(op)
-            self.flush(waited=True)
-            frame = self._frame
+            fr = self.flush(waited=True)
             total = self.f.read_timeout if timeout is None else timeout
             deadline = time.monotonic() + total
-            check, misses = self.f.frame_check, 0
-            while not w.ev.wait(max(0.0, min(deadline, time.monotonic() + check) - time.monotonic())):
+            wait = self.f.frame_check
+            stored, seq = False, 0
+            trouble: Optional[float] = None  # since when the fabric has not answered
+            down: List[Optional[float]] = [None]  # since when the device has had no live worker
+            lost = self.f.conn.reconnects  # what can lose an answer: the connection made again
+            while True:
+                now = time.monotonic()
+                step = deadline - now if wait <= 0 else min(deadline - now, wait)
+                if w.ev.wait(max(0.0, step)):
+                    break
                 if time.monotonic() >= deadline:
-                    raise TimeoutError("no answer from device %s within %.1fs" % (self.device, total))
-                if check <= 0 or misses < 0:
+                    if not stored and fr is not None:
+                        self._redeliver(fr, TimeoutError("not yet confirmed stored"))
+                    why = ""
+                    if self.f.conn.status != CONNECTED:
+                        why = ": %s" % self.f.conn.disconnected_error()
+                    raise TimeoutError("%s on %s: no answer within %.1fs%s" % (name, self.device, total, why))
+                if wait <= 0 or fr is None:
                     continue
-                # No answer yet: did the stream store the frame?
-                if self._stored(frame):
-                    misses, check = -1, total  # it did: the answer will come
-                    continue
-                misses += 1
-                if misses >= 3 and not w.ev.is_set():
-                    raise FabricError("frame %d of session %s was not stored by stream %s (refused: too large, stream "
-                                      "full, or no stream captures %s)" % (frame, self.token, self.f.ops_stream, self.subject))
-                check *= 2
+                probed = time.monotonic()
+                try:
+                    stored, seq = self._confirm(fr, stored, seq)
+                    applied = self._applied(down)
+                except _Refused as e:
+                    if w.ev.is_set():
+                        break
+                    raise FabricError("%s on %s: frame %d of session %s was not stored by stream %s: %s" % (
+                        name, self.device, fr.n, self.token, self.f.ops_stream, e)) from None
+                except FabricUnavailableError as e:
+                    if w.ev.is_set():
+                        break
+                    if trouble is None:
+                        trouble = probed
+                    if time.monotonic() - trouble >= self.f.fail_fast:
+                        if not stored:
+                            self._redeliver(fr, e)
+                        raise type(e)("%s on %s: %s" % (name, self.device, e)) from None
+                except NoDeviceError as e:
+                    if w.ev.is_set():
+                        break
+                    if not stored:
+                        self._redeliver(fr, e)
+                    raise NoDeviceError("%s on %s: %s" % (name, self.device, e)) from None
+                else:
+                    trouble = None
+                    now_lost = self.f.conn.reconnects
+                    if now_lost != lost or (seq > 0 and applied >= seq):
+                        if w.ev.is_set():
+                            break
+                        # The answer was lost: ask again, in a frame of its own.
+                        lost = now_lost
+                        self.reasked += 1
+                        fr = self._again(op)
+                        stored, seq = False, 0
+                wait = min(2 * wait, _MAX_FRAME_CHECK)
         finally:
             with self._lock:
                 self._waits.pop(tag, None)
@@ -1181,6 +1352,84 @@ class Session:
         if errs:
             raise op_error(errs)
         return w.result
+
+    def _again(self, op: dict) -> Optional["_Frame"]:
+        """Publishes op (which keeps its tag) once more, in a frame of its own."""
+        self.flush()
+        self._queue(op)
+        return self.flush(waited=True)
+
+    def _confirm(self, fr: "_Frame", stored: bool, seq: int) -> Tuple[bool, int]:
+        """Publishes frame fr again asking for the stream's acknowledgement,
+        until the stream has said it stores it (returning True and its
+        stream sequence); after that, asks the stream's leader for an answer
+        that stores nothing (a publish expecting another stream). Raises
+        _Refused when the stream refuses the frame, FabricUnavailableError
+        when the fabric does not answer."""
+        conn = self.f.conn
+        if conn.status != CONNECTED:
+            raise conn.disconnected_error()
+        if not stored:
+            try:
+                ack = parse_ack(conn.request(self.subject, fr.data, headers=fr.headers, timeout=_PROBE_TIMEOUT), self.subject)
+            except NoRespondersError as e:
+                if not self.f.tenant and not conn.stream_captures(self.subject):
+                    raise _Refused("no stream captures %s" % self.subject) from None
+                raise self.f._diagnose(e) from None
+            except JetStreamError as e:
+                if not transient(e):
+                    raise _Refused(str(e)) from None
+                raise self.f._diagnose(e) from None
+            except (TimeoutError, DisconnectedError) as e:
+                raise self.f._diagnose(e) from None
+            # A frame stored already is acknowledged as a duplicate, with
+            # the sequence it was stored at.
+            with self._cv:
+                self._pending.pop(fr.n, None)
+                self._cv.notify_all()
+            return True, int(ack.get("seq", 0) or 0)
+        try:
+            parse_ack(conn.request(self.subject, b"", headers={"Nats-Expected-Stream": "-"}, timeout=_PROBE_TIMEOUT),
+                      self.subject)
+        except JetStreamError as e:
+            if transient(e):
+                raise self.f._diagnose(e) from None
+        except (NoRespondersError, TimeoutError, DisconnectedError) as e:
+            raise self.f._diagnose(e) from None
+        return stored, seq
+
+    def _applied(self, down: List[Optional[float]]) -> int:
+        """The last stream sequence the device's worker applied, while it has
+        a live worker (else 0); NoDeviceError once it has shown none since
+        down[0] for longer than the fabric's device_timeout. A registry that
+        cannot be read says nothing."""
+        try:
+            d = self.f._device_entry(self.device, _PROBE_TIMEOUT)
+        except FabricError:
+            return 0
+        if d is not None and live(d):
+            down[0] = None
+            try:
+                return int(d.get("applied", 0) or 0)
+            except (TypeError, ValueError):
+                return 0
+        if self.f.device_timeout <= 0:
+            return 0
+        now = time.monotonic()
+        if down[0] is None:
+            down[0] = now
+            return 0
+        gone = now - down[0]
+        if gone > self.f.device_timeout:
+            state = "not registered"
+            if d is not None:
+                try:
+                    state = "%s, last heartbeat %.1fs ago" % (d.get("state", "?"), time.time() - _parse_time(d.get("beat", "")))
+                except ValueError:
+                    state = str(d.get("state", "?"))
+            raise NoDeviceError("no worker has served %s for %.1fs (%s); start a worker for it (its frames are answered "
+                                "no_device and removed after the fabric's grace period)" % (self.device, gone, state))
+        return 0
 
     def sync(self, timeout: Optional[float] = None) -> None:
         """Waits until every op sent ran; raises the errors not yet reported."""
@@ -1203,15 +1452,61 @@ class Session:
         """Frees every tensor of the session and forgets it; raises errors not yet reported."""
         if self.closed:
             return
+        answered = False
         try:
             if not self.record:
                 self._call({"op": "close"}, timeout)
+                answered = True
         finally:
             self.closed = True
             if not self.record:
                 self.f.conn.unsubscribe(self._sub)
-                self.f.conn.drop_reply(self._ack_token)
+                with self._cv:
+                    if answered:
+                        # The worker ran every frame before the close: the
+                        # stream has them all.
+                        self._pending.clear()
+                    drained = not self._pending
+                if drained:
+                    self.f.conn.drop_reply(self._ack_token)
                 self.f._forget(self)
+
+    def _drained(self) -> None:
+        """The redelivery thread's news that a closed session's frames are all stored."""
+        if self.closed:
+            self.f.conn.drop_reply(self._ack_token)
+
+
+# The redelivery of a frame: waits from _REDELIVER_WAIT doubling to
+# _REDELIVER_MAX between publishes that failed.
+_REDELIVER_WAIT = 0.05
+_REDELIVER_MAX = 2.0
+# A call's checks are at most _MAX_FRAME_CHECK apart, each of its requests
+# bounded by _PROBE_TIMEOUT: a call fails at most fail_fast + 1 s + 1.5 s
+# after the fabric stopped answering it.
+_MAX_FRAME_CHECK = 1.0
+_PROBE_TIMEOUT = 0.75
+
+
+class _Frame:
+    """A frame of a session: its number, bytes and headers, and, while the
+    stream has not said it stores it, when to publish it again (due), the
+    backoff (wait), since when it waits (since) and the last failure (err)."""
+
+    __slots__ = ("n", "data", "headers", "due", "wait", "since", "err")
+
+    def __init__(self, n: int, data: bytes, headers: Dict[str, str]):
+        self.n = n
+        self.data = data
+        self.headers = headers
+        self.due = 0.0
+        self.wait = _REDELIVER_WAIT
+        self.since = 0.0
+        self.err: Optional[Exception] = None
+
+
+class _Refused(Exception):
+    """A stream's refusal of a frame (inside _call)."""
 
 
 # -- jobs -------------------------------------------------------------------
@@ -1439,16 +1734,29 @@ def live(device: dict, now: Optional[float] = None, within: float = 10.0) -> boo
 class Fabric:
     """A connection to a jetfabric broker.
 
+    url is one broker URL, several separated by commas, or a list of them
+    (the nodes of a cluster): the connection is made to the first that
+    answers and, when lost, made again to any of them (the connection's
+    options, reconnect_time, reconnect_wait, reconnect_max_wait,
+    reconnect_buffer, ping_interval, TLS, go to jetfabric.nats.Connection).
+    timeout bounds requests and connecting; read_timeout a read, sync or
+    close; fail_fast how long such a call goes on while the fabric does not
+    answer (no connection, no stream leader, no quorum) before it raises
+    FabricUnavailableError naming the cause; device_timeout how long it
+    waits for a device no worker serves before NoDeviceError (0: no limit
+    but read_timeout); frame_check when it first checks on a late answer.
+
     >>> fab = Fabric("nats://127.0.0.1:4222")
     >>> with fab.session() as s:
     ...     x = s.tensor([[1.0, 2.0], [3.0, 4.0]])
     ...     print((x @ x).tolist())
     """
 
-    def __init__(self, url: str = "nats://127.0.0.1:4222", prefix: str = "fabric", timeout: float = 10.0,
+    def __init__(self, url: Union[str, Sequence[str]] = "nats://127.0.0.1:4222", prefix: str = "fabric", timeout: float = 10.0,
                  read_timeout: float = 60.0, max_ops: int = 4096, max_frame: int = 1 << 20,
                  inline_upload: int = 1 << 20, publish_window: int = 256, frame_check: float = 0.2,
-                 creds: str = "", tenant: str = "", heartbeat: float = 30.0, **conn_opts: Any):
+                 creds: str = "", tenant: str = "", heartbeat: float = 30.0, fail_fast: float = 2.75,
+                 device_timeout: float = 30.0, **conn_opts: Any):
         self.prefix = prefix
         upper = prefix.upper().replace("-", "_")
         self.ops_stream = upper + "_OPS"
@@ -1457,6 +1765,14 @@ class Fabric:
         self.graph_bucket = upper + "_GRAPHS"
         if heartbeat < 0:
             raise ValueError("heartbeat %r: want seconds between beats, or 0 for none" % heartbeat)
+        if not 0.1 <= fail_fast <= 3600:
+            raise ValueError("fail_fast %r: want seconds in [0.1, 3600]" % (fail_fast,))
+        if device_timeout < 0:
+            raise ValueError("device_timeout %r: want seconds >= 0 (0: wait for the call's timeout alone)" % (device_timeout,))
+        if publish_window < 1:
+            raise ValueError("publish_window %r: want at least 1 frame" % (publish_window,))
+        self.fail_fast = fail_fast
+        self.device_timeout = device_timeout
         self.heartbeat = heartbeat
         self.inbox_prefix = "_INBOX_" + prefix
         self.space = prefix
@@ -1491,6 +1807,13 @@ class Fabric:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._beater: Optional[threading.Thread] = None
+        # The redelivery thread publishes again the frames whose
+        # acknowledgement has not come (see Session.flush): it runs from
+        # the first frame that needs it until close.
+        self._redelivering: Dict[int, Session] = {}
+        self._wake = threading.Event()
+        self._redeliverer: Optional[threading.Thread] = None
+        self.conn.add_listener(self._on_conn)
 
     def __enter__(self) -> "Fabric":
         return self
@@ -1506,9 +1829,102 @@ class Fabric:
             except FabricError:
                 pass
         self._stop.set()
+        self._wake.set()
         self.conn.close()  # first: a beat blocked in a send fails at once
-        if self._beater is not None and self._beater is not threading.current_thread():
-            self._beater.join(5)
+        for t in (self._beater, self._redeliverer):
+            if t is not None and t is not threading.current_thread():
+                t.join(5)
+
+    def _on_conn(self, event: str) -> None:
+        """The connection's news (reader thread): once made again, the frames
+        whose acknowledgement was lost go out at once."""
+        if event == "reconnected":
+            self._wake_redeliver()
+
+    def _wake_redeliver(self) -> None:
+        self._wake.set()
+
+    def _track(self, s: Session) -> None:
+        """Hands session s's unacknowledged frames to the redelivery thread."""
+        with self._lock:
+            self._redelivering[id(s)] = s
+            if self._redeliverer is None and not self._stop.is_set():
+                self._redeliverer = threading.Thread(target=self._redelivery, name="jetfabric-redeliver", daemon=True)
+                self._redeliverer.start()
+
+    def _redelivery(self) -> None:
+        """Publishes again, while connected, every frame that is due: its
+        acknowledgement late (ACK_WAIT), lost with the connection, or a
+        failure that says nothing about it (after a backoff). Frames of one
+        session go out in the order of their numbers. Runs until close."""
+        while not self._stop.is_set():
+            self._wake.clear()
+            now = time.monotonic()
+            nxt = now + 1.0
+            with self._lock:
+                sessions = list(self._redelivering.values())
+            if self.conn.status == CONNECTED:
+                for s in sessions:
+                    for fr in s._due(now):
+                        s._republish(fr)
+            for s in sessions:
+                due = s._next_due()
+                if due is None:
+                    with self._lock:
+                        if s._next_due() is None:
+                            self._redelivering.pop(id(s), None)
+                            s._drained()
+                else:
+                    nxt = min(nxt, due)
+            self._wake.wait(max(0.0, nxt - time.monotonic()))
+
+    def undelivered(self) -> Tuple[int, float, Optional[Exception]]:
+        """How many frames wait for the stream's acknowledgement (published,
+        not yet acknowledged), how long the oldest has waited (seconds), and
+        the last failure among them."""
+        with self._lock:
+            sessions = list(self._redelivering.values())
+        n, oldest, last = 0, 0.0, None
+        now = time.monotonic()
+        for s in sessions:
+            with s._cv:
+                for fr in s._pending.values():
+                    n += 1
+                    if now - fr.since > oldest:
+                        oldest, last = now - fr.since, fr.err
+        return n, oldest, last
+
+    def _diagnose(self, err: Exception) -> FabricUnavailableError:
+        """Words err, a JetStream request that failed for want of an answer,
+        by what the fabric can still say: the connection, then JetStream's
+        meta leader, which answers the stream-by-subject lookup."""
+        conn = self.conn
+        if conn.status != CONNECTED:
+            return conn.disconnected_error()  # type: ignore[return-value]
+        at = conn.info.get("server_name") or conn.url
+        if isinstance(err, JetStreamError) and err.err_code == ERR_DUP_IN_PROCESS:
+            return NoQuorumError("stream %s has a leader that cannot store (%s): a majority of the nodes holding it are "
+                                 "down or cut off from it: bring them back; calls carry on once they are" % (self.ops_stream, err))
+        if self.tenant:
+            # A tenant may not ask JetStream about the fabric's streams.
+            return NoLeaderError("stream %s did not answer (%s)" % (self.ops_stream, err))
+        try:
+            conn.js_api("STREAM.NAMES", {"subject": "%s.ops.x.x" % self.prefix}, timeout=_PROBE_TIMEOUT / 2)
+        except JetStreamError as merr:
+            if merr.code != 503:
+                return NoLeaderError("stream %s did not answer (%s)" % (self.ops_stream, err))
+            meta: Exception = merr
+        except FabricError as merr:
+            if conn.status != CONNECTED:
+                return conn.disconnected_error()  # type: ignore[return-value]
+            meta = merr
+        else:
+            return NoLeaderError("stream %s did not answer (%s); its leader is down and the others are electing one, or "
+                                 "a majority of the nodes holding it are down: bring them back; calls carry on once it has "
+                                 "a leader" % (self.ops_stream, err))
+        return NoQuorumError("JetStream has no meta leader (the stream: %s; JetStream: %s): a majority of the cluster's "
+                             "nodes are down or cut off from the node this client is on (%s): bring them back; calls "
+                             "carry on once they are" % (err, meta, at))
 
     def _beat(self) -> None:
         """Tells the workers, every heartbeat seconds, that the open sessions
@@ -1522,8 +1938,10 @@ class Fabric:
             for subj in subjects:
                 try:
                     self.conn.publish(subj, b"")
+                except DisconnectedError:
+                    break  # reconnecting, its buffer full: the next beat makes up for it
                 except FabricError:
-                    return  # the connection is gone: nothing to keep alive
+                    return  # the connection is gone for good: nothing to keep alive
 
     def _forget(self, s: Session) -> None:
         with self._lock:
@@ -1567,10 +1985,40 @@ class Fabric:
         return out
 
     def device(self, name: str) -> Optional[dict]:
-        """A device's registry entry, or None, by a direct get of its key."""
+        """A device's registry entry, or None when it is not registered (or
+        cannot be read)."""
+        try:
+            return self._device_entry(name)
+        except FabricError:
+            return None
+
+    def _device_entry(self, name: str, timeout: Optional[float] = None) -> Optional[dict]:
+        """A device's registry entry, or None when it is not registered, by a
+        direct get of its key; FabricError when the registry cannot be read.
+        A direct get may be answered by a replica that has not caught up (a
+        cluster node just started again): before calling a device
+        unregistered, the stream's leader is asked (STREAM.MSG.GET)."""
         subject = "$KV.%s.device.%s" % (self.ctrl_bucket, name)
-        m = self.conn.request("$JS.API.DIRECT.GET.KV_%s.%s" % (self.ctrl_bucket, subject), b"")
-        if m.status or m.headers.get("KV-Operation") in ("DEL", "PURGE") or not m.data:
+        m = self.conn.request("$JS.API.DIRECT.GET.KV_%s.%s" % (self.ctrl_bucket, subject), b"", timeout=timeout)
+        if m.status and m.status != "404":
+            raise JetStreamError("registry entry %s: status %s %s" % (name, m.status, m.headers.get("Description", "")),
+                                 int(m.status) if m.status.isdigit() else 0, 0, m.headers.get("Description", ""))
+        if m.status == "404" or not m.data:
+            if self.tenant:
+                return None
+            try:
+                r = self.conn.js_api("STREAM.MSG.GET.KV_" + self.ctrl_bucket, {"last_by_subj": subject}, timeout=timeout)
+            except JetStreamError as e:
+                if e.code == 404:
+                    return None
+                raise
+            msg = r.get("message") or {}
+            import base64
+            if msg.get("hdrs") and b"KV-Operation" in base64.b64decode(msg["hdrs"]):
+                return None
+            raw = base64.b64decode(msg.get("data") or "")
+            return json.loads(raw) if raw else None
+        if m.headers.get("KV-Operation") in ("DEL", "PURGE"):
             return None
         return json.loads(m.data)
 
@@ -1685,7 +2133,9 @@ class Fabric:
             raise ValueError("graph definition named %s does not hash to its name" % g.name[:12])
         subject = "$KV.%s.%s" % (self.graph_bucket, self._graph_key(g.name))
         try:
-            self.conn.js_publish(subject, g.data, headers={"Nats-Expected-Last-Subject-Sequence": "0"})
+            # A create published again (its acknowledgement lost) finds the
+            # key it made: success too.
+            self.conn.js_publish(subject, g.data, headers={"Nats-Expected-Last-Subject-Sequence": "0"}, retry=True)
         except JetStreamError as e:
             if e.err_code != 10071:  # wrong last sequence: the key exists
                 raise JetStreamError("store graph %s: %s" % (g.name[:12], e), e.code, e.err_code, e.description) from None
@@ -1727,7 +2177,9 @@ class Fabric:
             raise TypeError("submit takes a Job from Fabric.job()")
         jid = secrets.token_hex(16)
         body = {"v": PROTOCOL_VERSION, "id": jid, "ops": job._ops, "outputs": [t.id for t in outputs]}
-        self.conn.js_publish("%s.jobs.%s" % (self.prefix, kind), cbor.dumps(body))
+        # The job's id as its Nats-Msg-Id: published again when its
+        # acknowledgement is lost, it is stored once.
+        self.conn.js_publish("%s.jobs.%s" % (self.prefix, kind), cbor.dumps(body), headers={"Nats-Msg-Id": "job-" + jid})
         return jid
 
     def wait_job(self, job_id: str, timeout: float = 60.0) -> JobResult:
@@ -1743,8 +2195,8 @@ class Fabric:
             sub.unsubscribe()
 
 
-def connect(url: str = "nats://127.0.0.1:4222", **kw: Any) -> Fabric:
-    """Connects to a jetfabric broker (see Fabric)."""
+def connect(url: Union[str, Sequence[str]] = "nats://127.0.0.1:4222", **kw: Any) -> Fabric:
+    """Connects to a jetfabric broker, or the first of several that answers (see Fabric)."""
     return Fabric(url, **kw)
 
 

@@ -13,6 +13,7 @@ from typing import Dict, List, Optional, Type
 
 __all__ = [
     "FabricError", "ConnectionClosedError", "TLSError", "TimeoutError", "NoRespondersError", "MaxPayloadError",
+    "FabricUnavailableError", "DisconnectedError", "NoLeaderError", "NoQuorumError", "NoDeviceError",
     "JetStreamError", "ObjectStoreError", "OpError", "error_class",
     "MalformedError", "VersionError", "UnknownOpError", "ArityError", "ShapeError", "DTypeError",
     "AttrError", "UnknownIDError", "FailedIDError", "DuplicateError", "TooLargeError", "LimitError",
@@ -45,6 +46,39 @@ class NoRespondersError(FabricError):
 
 class MaxPayloadError(FabricError):
     """A message is over the broker's max_payload; it was not sent."""
+
+
+class FabricUnavailableError(FabricError):
+    """The fabric cannot serve a call for now: no connection to a broker,
+    no leader for the op stream, or a cluster without its quorum. A read,
+    sync or close raises it once the fabric has not answered for the
+    fail-fast time (Fabric's fail_fast); its frame goes on being published
+    in the background, and the session carries on when the fabric is back.
+    The subclass and the message say which cause and what to do."""
+
+
+class DisconnectedError(FabricUnavailableError, ConnectionClosedError):
+    """The connection to the broker is lost and the client is reconnecting
+    (to the URL it was given, or any of several). Raised by a call made
+    while it is down and by a request whose answer was lost with it; once
+    the client gives up (the connection's reconnect_time), calls raise a
+    plain ConnectionClosedError saying so."""
+
+
+class NoLeaderError(FabricUnavailableError):
+    """The op stream did not answer: its leader's node is down and no other
+    has taken over yet (a cluster electing a leader), or JetStream is
+    starting."""
+
+
+class NoQuorumError(FabricUnavailableError):
+    """JetStream itself has no leader, or the op stream's leader cannot
+    store: a majority of the cluster's nodes is down or cut off."""
+
+
+class NoDeviceError(FabricError):
+    """No worker has served the session's device (a serving registry entry
+    with a recent heartbeat) for the fabric's device timeout."""
 
 
 class JetStreamError(FabricError):

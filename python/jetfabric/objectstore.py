@@ -1,6 +1,14 @@
 """The JetStream object store, spoken with plain NATS (ADR-20; the format is
 written out in docs/PROTOCOL.md §7): chunked writes with a bounded window of
 acknowledgements, reads by batched direct gets, digests, links, deletes.
+
+Reads and waits carry on across a lost connection that is made again
+within their timeout: a batch of chunks whose answers were lost is asked
+again from where it stopped, a follow's subscription is made again by the
+connection (the chunks published meanwhile are read from the stream), and a
+wait for a meta looks again once connected. A write whose acknowledgements
+were lost with the connection fails (DisconnectedError) and purges what it
+wrote; write again.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ import time
 from datetime import datetime, timezone
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
-from .errors import ConnectionClosedError, ObjectStoreError, TimeoutError
+from .errors import ConnectionClosedError, DisconnectedError, ObjectStoreError, TimeoutError
 from .nats import Connection, Msg, parse_ack
 
 __all__ = ["ObjectStore", "digest_string", "CHUNK_SIZE"]
@@ -229,8 +237,8 @@ class ObjectStore:
         timeout = self.timeout if timeout is None else timeout
         sub = self.conn.subscribe(self.meta_subject(name))
         try:
-            meta = self.info(name)
             deadline = time.monotonic() + timeout
+            meta = self._info_or_none(name)
             recheck = 0.02
             while True:
                 if meta is not None:
@@ -249,10 +257,18 @@ class ObjectStore:
                     # subscription taking effect is in neither place:
                     # while nothing arrives, look again, at doubling
                     # intervals (as the Go worker's awaitKey does).
-                    meta = self.info(name)
+                    meta = self._info_or_none(name)
                     recheck = min(2 * recheck, 1.0)
         finally:
             sub.unsubscribe()
+
+    def _info_or_none(self, name: str) -> Optional[dict]:
+        """info(name), or None while the connection is being made again (the
+        caller looks again)."""
+        try:
+            return self.info(name)
+        except DisconnectedError:
+            return None
 
     # -- reading -------------------------------------------------------------
 
@@ -271,6 +287,7 @@ class ObjectStore:
         view = memoryview(out)
         off, got, seq = 0, 0, 0
         chunk = int((meta.get("options") or {}).get("max_chunk_size") or CHUNK_SIZE)
+        deadline = time.monotonic() + self.timeout
         while got < chunks:
             batch = max(1, min(chunks - got, READ_AHEAD // max(chunk, 1)))
             q: List[Optional[Msg]] = []
@@ -283,18 +300,22 @@ class ObjectStore:
                     return
                 q.append(m)
 
+            if self.conn.status != "connected":
+                self.conn.wait_connected(max(0.0, deadline - time.monotonic()))
             reply, token = self.conn.new_reply(on)
             try:
                 self.conn.publish("$JS.API.DIRECT.GET." + self.stream,
                                   json.dumps({"seq": seq, "next_by_subj": subj, "batch": batch}).encode(), reply=reply)
                 if not done.wait(self.timeout):
+                    if self.conn.status != "connected":
+                        raise self.conn.disconnected_error("reading chunks of %s" % meta.get("name"))
                     raise TimeoutError("reading chunks of %s timed out" % meta.get("name"))
             finally:
                 self.conn.drop_reply(token)
             n_before = got
             for m in q:
                 if m is None:
-                    raise ConnectionClosedError("connection lost while reading %s" % meta.get("name"))
+                    break  # the connection was lost: ask again from here once it is back
                 if m.status:
                     if m.status in ("204", "404") and got > n_before:
                         break
@@ -309,6 +330,10 @@ class ObjectStore:
                 off += n
                 got += 1
                 seq = int(m.headers.get("Nats-Sequence", "0")) + 1
+            if None in q:
+                if self.conn.closed:
+                    raise self.conn._closed or ConnectionClosedError("connection lost while reading %s" % meta.get("name"))
+                self.conn.wait_connected(max(0.0, deadline - time.monotonic()))
         if off != size or got != chunks:
             raise ObjectStoreError("object %r: read %d bytes in %d chunks, meta says %d in %d" % (meta.get("name"), off, got, size, chunks))
         want = meta.get("digest", "")
@@ -472,7 +497,10 @@ class ObjectStore:
         def acked(m: Optional[Msg]) -> None:
             with cv:
                 if m is None:
-                    state["err"] = ConnectionClosedError("connection lost while writing %s" % (final or nuid))
+                    # Acknowledgements in flight were lost with the connection.
+                    state["err"] = self.conn._closed or DisconnectedError(
+                        "the connection to the broker was lost while writing %s, its acknowledgements with it; the "
+                        "client is reconnecting: write it again" % (final or nuid))
                 else:
                     try:
                         parse_ack(m, subj)
