@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -129,21 +130,31 @@ func registry(ctx context.Context, js jetstream.JetStream, names subjects.Names)
 	if err != nil {
 		return nil, err
 	}
-	keys, err := kv.ListKeysFiltered(ctx, subjects.DeviceKeys)
+	// A watch reads the entries through a consumer, which the stream's
+	// leader serves: a key-value get is a direct get, which any replica
+	// answers, perhaps one that has not caught up since it started again.
+	w, err := kv.WatchFiltered(ctx, []string{subjects.DeviceKeys}, jetstream.IgnoreDeletes())
 	if err != nil {
 		return nil, err
 	}
+	defer func() { _ = w.Stop() }()
 	entries := []json.RawMessage{}
-	for k := range keys.Keys() {
-		e, err := kv.Get(ctx, k)
-		if err != nil {
-			continue // deleted since
-		}
-		if json.Valid(e.Value()) {
-			entries = append(entries, e.Value())
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil, errors.New("registry watch ended")
+			}
+			if e == nil { // the current entries are all in
+				return json.Marshal(entries)
+			}
+			if json.Valid(e.Value()) {
+				entries = append(entries, e.Value())
+			}
 		}
 	}
-	return json.Marshal(entries)
 }
 
 // Violations are the refusals counted since the broker started.

@@ -234,6 +234,13 @@ func (c *Client) Open(ctx context.Context, device string) (*Session, error) {
 	if err := json.Unmarshal(value, &d); err != nil {
 		return nil, fmt.Errorf("client: registry entry %s: %w", device, err)
 	}
+	if !Live(d, time.Now()) && c.names.Tenant() != "" {
+		// A tenant's direct get may be answered by a replica that has
+		// not caught up: the registry service reads the leader's.
+		if ld, ok, err := c.tenantDevice(ctx, device); err == nil && ok {
+			d = ld
+		}
+	}
 	if !Live(d, time.Now()) {
 		return nil, fmt.Errorf("%w: %s is %s, last heartbeat %v ago", ErrNoDevice, device, d.State, time.Since(d.Beat).Round(time.Second))
 	}
@@ -262,7 +269,15 @@ func (c *Client) deviceEntry(ctx context.Context, device string) ([]byte, error)
 	if c.names.Tenant() != "" {
 		v, err := c.registryEntry(ctx, device)
 		if errors.Is(err, errKeyNotFound) {
-			return nil, jetstream.ErrKeyNotFound
+			// Any replica answers a direct get, one just started again
+			// perhaps before it caught up: before calling the device
+			// unregistered, ask the registry service, which reads the
+			// leader's.
+			d, ok, lerr := c.tenantDevice(ctx, device)
+			if lerr != nil || !ok {
+				return nil, jetstream.ErrKeyNotFound
+			}
+			return json.Marshal(d)
 		}
 		return v, err
 	}

@@ -108,6 +108,21 @@ func (c *Client) registryEntry(ctx context.Context, device string) ([]byte, erro
 	return m.Data, nil
 }
 
+// tenantDevice is device's entry in the registry service's list (the
+// stream leader's view), and whether the list holds it.
+func (c *Client) tenantDevice(ctx context.Context, device string) (Device, bool, error) {
+	devs, err := c.tenantDevices(ctx)
+	if err != nil {
+		return Device{}, false, err
+	}
+	for _, d := range devs {
+		if d.Name == device {
+			return d, true, nil
+		}
+	}
+	return Device{}, false, nil
+}
+
 // tenantName is the tenant of the options: WithTenant's, else the one the
 // credentials name.
 func (o options) tenantName() string {
