@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -274,4 +275,72 @@ func TestTakeoverWithCollectiveInFlight(t *testing.T) {
 	joinAndCheck(t, b, group)
 	r.sendJSON(`{"v":1,"ops":[{"op":"read","in":[2],"tag":1}]}`)
 	expectValues(t, "rank 0 after the takeover", r.resultWithin(30*time.Second), 11, 22, 33, 44)
+}
+
+// TestCollectiveMemory: while an all_reduce waits for its peer, its output
+// is charged to the device and counted in flight; its input and output
+// freed meanwhile leave the session's bytes at once and the device's once
+// the all_reduce is done, and it moved its pieces' bytes through the
+// object store. A failed one gives its output's memory back.
+func TestCollectiveMemory(t *testing.T) {
+	b := brokertest.Run(t)
+	devs := workertest.CPUs(2)
+	fast := func(c *worker.Config) { c.Heartbeat, c.CheckpointInterval = 100*time.Millisecond, 0 }
+	w := workertest.Run(t, b, devs[:1], fast)
+	workertest.Run(t, b, devs[1:], fast)
+	srv := httptest.NewServer(w.MetricsHandler())
+	defer srv.Close()
+	dev := `{device="cpu-0"}`
+	const big = 1 << 18 // bytes of the all_reduce's tensors
+	expect := func(what string, want map[string]float64) {
+		t.Helper()
+		poll.Until(t, time.Minute, 10*time.Millisecond, func() error {
+			m := scrape(t, srv.URL)
+			for series, v := range want {
+				if m[series] != v {
+					return fmt.Errorf("%s: %s = %v, want %v", what, series, m[series], v)
+				}
+			}
+			return nil
+		})
+	}
+	group := "b123456789abcdef0123456789abcdef"
+	r := newRaw(t, b, "fabric.ops.cpu-0.mem")
+	r.sendJSON(`{"v":1,"ops":[{"op":"full","out":[1],"shape":[65536],"value":1},
+		{"op":"all_reduce","out":[2],"in":[1],"group":"` + group + `","rank":0,"size":2}]}`)
+	expect("in flight", map[string]float64{
+		"jetfabric_device_collectives_in_flight" + dev:                              1,
+		"jetfabric_device_tensor_bytes" + dev:                                       2 * big,
+		`jetfabric_session_tensor_bytes{device="cpu-0",session="mem"}`:              2 * big,
+		`jetfabric_device_bytes_total{device="cpu-0",direction="in",path="object"}`: 0,
+	})
+	r.sendJSON(`{"v":1,"ops":[{"op":"free","in":[1,2]},{"op":"full","out":[3],"shape":[4]}]}`)
+	expect("freed in flight", map[string]float64{
+		"jetfabric_device_collectives_in_flight" + dev:                 1,
+		"jetfabric_device_tensor_bytes" + dev:                          2*big + 16,
+		`jetfabric_session_tensor_bytes{device="cpu-0",session="mem"}`: 16,
+	})
+	peer := newRaw(t, b, "fabric.ops.cpu-1.mem")
+	peer.sendJSON(`{"v":1,"ops":[{"op":"full","out":[1],"shape":[65536],"value":2},
+		{"op":"all_reduce","out":[2],"in":[1],"group":"` + group + `","rank":1,"size":2},{"op":"sum","out":[3],"in":[2]},{"op":"read","in":[3],"tag":1}]}`)
+	expectValues(t, "rank 1", peer.resultWithin(30*time.Second), 3*65536)
+	expect("done", map[string]float64{
+		"jetfabric_device_collectives_in_flight" + dev:                               0,
+		"jetfabric_device_tensor_bytes" + dev:                                        16,
+		`jetfabric_device_bytes_total{device="cpu-0",direction="in",path="object"}`:  big,
+		`jetfabric_device_bytes_total{device="cpu-0",direction="out",path="object"}`: big,
+	})
+	// A rank that never comes: the output's memory comes back with the error.
+	r.sendJSON(`{"v":1,"ops":[{"op":"full","out":[4],"shape":[65536]},
+		{"op":"all_reduce","out":[5],"in":[4],"group":"c123456789abcdef0123456789abcdef","rank":0,"size":2,"timeout_ms":200},
+		{"op":"free","in":[4]},{"op":"sync","tag":2}]}`)
+	if res := r.resultWithin(30 * time.Second); len(res.Errors) != 1 || res.Errors[0].Op != "all_reduce" {
+		t.Fatalf("sync after a lonely all_reduce: %+v", res)
+	}
+	expect("failed", map[string]float64{
+		"jetfabric_device_collectives_in_flight" + dev:                     0,
+		"jetfabric_device_tensor_bytes" + dev:                              16,
+		`jetfabric_session_tensor_bytes{device="cpu-0",session="mem"}`:     16,
+		`jetfabric_device_errors_total{device="cpu-0",code="unavailable"}`: 1,
+	})
 }
