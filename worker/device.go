@@ -325,6 +325,9 @@ var finishTimeout = 30 * time.Second
 // device over at once rather than after the lease runs out, and the frames
 // after the last committed checkpoint stay in the stream for it to replay.
 func (d *device) finish() error {
+	// The collectives in flight end first, within their own timeouts, as
+	// they would have had they held the loop: the checkpoint holds them.
+	_ = d.settleAll(context.Background())
 	ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
 	defer cancel()
 	var errs []error
