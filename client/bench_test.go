@@ -23,6 +23,13 @@ import (
 // between workers only through the broker.
 func workers(b testing.TB, n int, edit ...func(*broker.Config)) (*broker.Broker, *client.Client) {
 	b.Helper()
+	return workersWith(b, n, nil, edit...)
+}
+
+// workersWith is workers with each worker's configuration changed by wedit
+// (nil: none).
+func workersWith(b testing.TB, n int, wedit func(*worker.Config), edit ...func(*broker.Config)) (*broker.Broker, *client.Client) {
+	b.Helper()
 	br := brokertest.Run(b, append([]func(*broker.Config){func(c *broker.Config) { c.Provision.XferMaxBytes = 20 << 30 }}, edit...)...)
 	for i, d := range workertest.CPUs(n) {
 		d.Name = fmt.Sprintf("cpu-%d", i)
@@ -30,6 +37,9 @@ func workers(b testing.TB, n int, edit ...func(*broker.Config)) (*broker.Broker,
 			c.ID = fmt.Sprintf("w%d", i)
 			c.CheckpointInterval = 0
 			c.Logf = nil
+			if wedit != nil {
+				wedit(c)
+			}
 		})
 	}
 	c, err := client.Connect(br.ClientURL())
@@ -273,5 +283,126 @@ func BenchmarkGradExchange(b *testing.B) {
 				}
 			}
 		}
+	}
+}
+
+// BenchmarkCollectiveOverlap is a data-parallel step's tail on four
+// devices, one worker each: an all_reduce of a 4.8 MB gradient, then
+// compute that does not read it (a chain of 32 matmuls of 256x256), then
+// an op that reads it; the sessions synced each step. Two fabrics run the
+// same steps: on "in-loop" collectives run to their end before the
+// device's next op (Config.SyncCollectives), on "beside-loop" beside the
+// device loop (the default on the CPU), so the matmuls overlap the
+// exchange. Each iteration runs one step on each fabric, in alternate
+// order, so that a load that comes and goes on the host weighs on both
+// alike; each fabric's time a step is reported. The all_reduce alone and
+// the compute alone are timed too, and "per-param": one all_reduce for each
+// parameter of the MNIST CNN (8, 4.8 MB in all, as BenchmarkGradExchange's
+// cnn-4 per-param), which beside the loop run at once.
+//
+//	go test ./client -run x -bench CollectiveOverlap -benchtime 20x
+func BenchmarkCollectiveOverlap(b *testing.B) {
+	const ranks, grad, dim, chain = 4, 1_200_000, 256, 32
+	modes := []string{"in-loop", "beside-loop"}
+	params := []int{32 * 9, 32, 64 * 32 * 9, 64, 128 * 9216, 128, 10 * 128, 10}
+	type fabric struct {
+		ss         []*client.Session
+		gs, xs, ws []*client.Tensor
+		ps         [][]*client.Tensor // [param][rank]
+	}
+	fabrics := make([]fabric, len(modes))
+	ctx := context.Background()
+	for k, mode := range modes {
+		_, c := workersWith(b, ranks, func(c *worker.Config) { c.SyncCollectives = mode == "in-loop" },
+			func(c *broker.Config) { c.Provision.XferStorage = jetstream.MemoryStorage })
+		f := &fabrics[k]
+		for r := range ranks {
+			s := open(b, c, fmt.Sprintf("cpu-%d", r))
+			s.Seed(uint64(r))
+			f.ss = append(f.ss, s)
+			f.gs = append(f.gs, s.Full([]int{grad}, float64(r+1)))
+			f.xs = append(f.xs, s.Uniform([]int{dim, dim}, -1, 1))
+			f.ws = append(f.ws, s.Uniform([]int{dim, dim}, -0.1, 0.1))
+			if err := s.Sync(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+		for _, n := range params {
+			var ranks []*client.Tensor
+			for r, s := range f.ss {
+				ranks = append(ranks, s.Full([]int{n}, float64(r+1)))
+			}
+			f.ps = append(f.ps, ranks)
+		}
+	}
+	step := func(b *testing.B, f *fabric, work string) {
+		var out []*client.Tensor
+		if work == "per-param" {
+			var outs []*client.Tensor
+			for _, p := range f.ps {
+				o, err := client.AllReduce("sum", p)
+				if err != nil {
+					b.Fatal(err)
+				}
+				outs = append(outs, o...)
+			}
+			for _, s := range f.ss {
+				if err := s.Sync(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			for _, o := range outs {
+				o.Free()
+			}
+			return
+		}
+		if work != "compute" {
+			var err error
+			if out, err = client.AllReduce("sum", f.gs); err != nil {
+				b.Fatal(err)
+			}
+		}
+		for r, s := range f.ss {
+			if work != "all_reduce" {
+				h := f.xs[r]
+				for range chain {
+					next := h.Matmul(f.ws[r])
+					if h != f.xs[r] {
+						h.Free()
+					}
+					h = next
+				}
+				h.Free()
+			}
+			if out != nil {
+				out[r].Sum().Free() // reads the all_reduce: waits for it
+				out[r].Free()
+			}
+			s.Flush()
+		}
+		for _, s := range f.ss {
+			if err := s.Sync(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	for _, work := range []string{"all_reduce", "compute", "both", "per-param"} {
+		b.Run(work, func(b *testing.B) {
+			took := make([]time.Duration, len(modes))
+			i := 0
+			for b.Loop() {
+				for j := range modes {
+					k := (i + j) % len(modes)
+					t0 := time.Now()
+					step(b, &fabrics[k], work)
+					took[k] += time.Since(t0)
+				}
+				i++
+			}
+			for k, mode := range modes {
+				b.ReportMetric(float64(took[k].Microseconds())/1000/float64(i), mode+"-ms/step")
+			}
+			b.ReportMetric(float64(took[0])/float64(took[1]), "in/beside")
+		})
 	}
 }

@@ -171,7 +171,7 @@ func (d *device) startCheckpoint() bool {
 	if busy {
 		return false
 	}
-	snap, err := d.snapshot()
+	snap, err := d.snapshot(context.Background())
 	if err != nil || snap == nil {
 		if err != nil {
 			d.w.logf("worker: %s: %v", d.cfg.Name, err)
@@ -234,7 +234,7 @@ func (d *device) checkpoint(ctx context.Context) (*checkpointRef, error) {
 	if d.broken {
 		return nil, errRestoreFailed
 	}
-	snap, err := d.snapshot()
+	snap, err := d.snapshot(ctx)
 	if err != nil || snap == nil {
 		return nil, err
 	}
@@ -243,8 +243,10 @@ func (d *device) checkpoint(ctx context.Context) (*checkpointRef, error) {
 }
 
 // snapshot takes the device's state for a checkpoint: nil when nothing ran
-// since the last one. Device loop only, no writer in flight.
-func (d *device) snapshot() (*ckptSnapshot, error) {
+// since the last one. It first waits for the collectives in flight (a
+// checkpoint holds no tensor in flight), failing when ctx ends first.
+// Device loop only, no writer in flight.
+func (d *device) snapshot(ctx context.Context) (*ckptSnapshot, error) {
 	t0 := time.Now()
 	defer func() { d.m.snapNanos.Add(uint64(time.Since(t0))) }()
 	seq := d.applied.Load()
@@ -256,6 +258,9 @@ func (d *device) snapshot() (*ckptSnapshot, error) {
 		// frames up to seq are not all run: a checkpoint there would lose
 		// the held ones. Holds last until the missing frame is stored.
 		return nil, nil
+	}
+	if err := d.settleAll(ctx); err != nil {
+		return nil, fmt.Errorf("worker: checkpoint %s: %w", d.cfg.Name, err)
 	}
 	snap := &ckptSnapshot{seq: seq, lease: d.currentLease(), consumed: d.consumed}
 	if snap.lease == nil {

@@ -103,6 +103,10 @@ type Config struct {
 	// NoFusion runs every op by itself even where the backend can fuse
 	// runs of elementwise ops into one kernel (for comparisons).
 	NoFusion bool
+	// SyncCollectives runs every collective op to its end before the
+	// device's next op, as on a device whose memory the host cannot
+	// address, instead of beside the device loop (for comparisons).
+	SyncCollectives bool
 	// TelemetryInterval is how often devices with a Telemetry source are
 	// sampled and published (0: never).
 	TelemetryInterval time.Duration

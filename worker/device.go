@@ -79,6 +79,13 @@ type device struct {
 	// consumed are transfer objects this device read last; deleted once a
 	// checkpoint covers the ops that read them.
 	consumed []string
+	// flying are the collectives in flight, oldest first, and flyingBy
+	// indexes them by output (collective.go); syncCollectives runs every
+	// collective in the loop instead (Config.SyncCollectives, and the job
+	// loops'). Device loop only.
+	flying          []*flight
+	flyingBy        map[*kernels.Tensor]*flight
+	syncCollectives bool
 	// decoded is the frame run1 decodes into: its ops array (an op is
 	// several hundred bytes) is reused frame after frame, up to
 	// maxReusedOps, since nothing an op leaves behind refers to the op
@@ -119,7 +126,7 @@ type device struct {
 }
 
 func newDevice(w *Worker, cfg Device) *device {
-	d := &device{w: w, cfg: cfg, sessions: map[string]*session{}, started: time.Now().UTC()}
+	d := &device{w: w, cfg: cfg, sessions: map[string]*session{}, started: time.Now().UTC(), syncCollectives: w.cfg.SyncCollectives}
 	switch {
 	case cfg.Budget > 0:
 		d.mem.budget = cfg.Budget
@@ -318,6 +325,9 @@ var finishTimeout = 30 * time.Second
 // device over at once rather than after the lease runs out, and the frames
 // after the last committed checkpoint stay in the stream for it to replay.
 func (d *device) finish() error {
+	// The collectives in flight end first, within their own timeouts, as
+	// they would have had they held the loop: the checkpoint holds them.
+	_ = d.settleAll(context.Background())
 	ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
 	defer cancel()
 	var errs []error
@@ -368,6 +378,7 @@ func (d *device) stepDown(release bool) {
 		cancel()
 	}
 	d.waitCheckpoint(true)
+	d.stopFlying()
 	d.stopLazy()
 	d.drainFrees()
 	for id, s := range d.sessions {
@@ -440,9 +451,11 @@ func (d *device) frame(msg jetstream.Msg, md *jetstream.MsgMetadata) {
 	d.housekeep(now)
 }
 
-// housekeep checkpoints when an op asked for it or the interval is up,
-// and frees idle sessions once a second. Under loop.
+// housekeep settles the collectives that are done, checkpoints when an op
+// asked for it or the interval is up, and frees idle sessions once a
+// second. Under loop.
 func (d *device) housekeep(now time.Time) {
+	d.settleDone()
 	d.drainFrees()
 	d.checkLazy()
 	if iv := d.w.cfg.CheckpointInterval; d.ck.wanted || (iv > 0 && now.Sub(d.lastCkpt) >= iv) {
@@ -474,6 +487,7 @@ func (d *device) halt() {
 // close frees every session and closes the backend. Called after run returned.
 func (d *device) close() {
 	d.waitCheckpoint(true)
+	d.stopFlying()
 	d.stopLazy()
 	d.drainFrees()
 	for id, s := range d.sessions {

@@ -33,6 +33,15 @@
 // way while the client writes them. Host tensors (the CPU backend's) are
 // written from and read into in place.
 //
+// Collectives (all_reduce, all_gather, reduce_scatter, broadcast) move
+// their pieces the same way. On a device whose tensors live in host memory
+// they run beside the loop (collective.go): the op is checked, its output
+// allocated and put in the session table in flight, and the loop goes on
+// with the next ops while a goroutine exchanges the pieces. What reads the
+// output waits for it; a read or sync waits for its session's collectives,
+// a checkpoint for the device's, and a failure is reported as the op's own
+// error. Config.SyncCollectives runs them in the loop instead.
+//
 // Each worker registers as one instance of the NATS micro service
 // "jetfabric-worker" (see micro.go), its id and devices in the metadata,
 // with endpoints fabric.svc.<device>.info and fabric.svc.<device>.health,
@@ -64,8 +73,9 @@
 //
 // Locks: device.loop (held while a frame runs or the loop keeps house) may
 // be held while taking device.mu or lease.mu (which serialises the lease's
-// compare-and-set writes, over the network). device.ck.mu, device.mem.mu
-// and device.aliveMu are leaves, held only to read or update fields, as are
-// the worker's tenants.mu and a tenant's fpsMu (taken under device.loop). Stop ends every device loop, marks the
-// devices stopped in the registry and waits for its goroutines.
+// compare-and-set writes, over the network). device.ck.mu, device.mem.mu,
+// device.aliveMu and a mover's mu are leaves, held only to read or update
+// fields, as are the worker's tenants.mu and a tenant's fpsMu (taken under
+// device.loop). Stop ends every device loop, marks the devices stopped in
+// the registry and waits for its goroutines.
 package worker

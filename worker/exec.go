@@ -9,7 +9,6 @@ import (
 	"math"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jetfabric/jetfabric/codec"
@@ -41,9 +40,6 @@ type exec struct {
 	enc      codec.Encoding
 	io       ioCount   // bytes moved by this frame, for metrics
 	graph    *graphRun // the replay running, if any (see graph.go)
-	// mu guards io and the device's consumed list while a collective
-	// moves its pieces from several goroutines.
-	mu sync.Mutex
 }
 
 // pend records a new error of the session, reported on its next read or
@@ -168,9 +164,13 @@ func codeOf(err error) string {
 	return codec.CodeInternal
 }
 
-// input resolves a tensor id.
+// input resolves a tensor id, waiting for it if it is the output of a
+// collective in flight.
 func (x *exec) input(id uint64) (*kernels.Tensor, error) {
 	e, ok := x.s.tensors[id]
+	if ok && e.t != nil && x.d.awaitFlying(e.t) {
+		e, ok = x.s.tensors[id] // the tensor, or the collective's error
+	}
 	switch {
 	case !ok:
 		return nil, failf(codec.CodeUnknownID, "tensor %d does not exist in this session (never created, or freed)", id)
@@ -443,6 +443,7 @@ func (x *exec) answer(i int, op *codec.Op, r *codec.Result) {
 
 func (x *exec) sync(i int, op *codec.Op) {
 	r := &codec.Result{}
+	x.d.settleSession(x.s)
 	if err := x.d.cfg.Backend.Sync(); err != nil {
 		x.pend(codec.Error{Seq: x.seq, Index: i, Op: op.Op, Code: codec.CodeInternal, Message: err.Error()})
 	}
@@ -452,6 +453,9 @@ func (x *exec) sync(i int, op *codec.Op) {
 
 func (x *exec) read(i int, op *codec.Op) {
 	r := &codec.Result{}
+	// The errors of the collectives in flight are reported with the
+	// others, as if they had run in the loop.
+	x.d.settleSession(x.s)
 	if len(op.In) != 1 {
 		x.pend(codec.Error{Seq: x.seq, Index: i, Op: op.Op, Code: codec.CodeArity,
 			Message: fmt.Sprintf("read takes 1 tensor, got %d", len(op.In))})

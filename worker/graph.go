@@ -292,6 +292,10 @@ func (x *exec) bind(p *graphPlan, op *codec.Op) ([]uint64, error) {
 	}
 	for j, id := range op.In {
 		e, ok := x.s.tensors[id]
+		if ok && e.t != nil && (e.t.DType != p.inputs[j].DType || !sameShape(e.t.Shape, p.inputs[j].Shape)) && x.d.awaitFlying(e.t) {
+			// A collective in flight that fails becomes a failed id.
+			e, ok = x.s.tensors[id]
+		}
 		switch {
 		case !ok:
 			return nil, failf(codec.CodeUnknownID, "replay of graph %s: input %d: tensor %d does not exist in this session (never created, or freed)", p.name[:12], j, id)

@@ -83,6 +83,7 @@ func (w *Worker) startJobs(ctx context.Context, j Jobs) (*jobLoop, error) {
 		return nil, fmt.Errorf("worker: consume %s jobs: %w", j.Kind, err)
 	}
 	dev := newDevice(w, Device{Name: "jobs-" + j.Kind, Kind: j.Kind, Backend: j.Backend})
+	dev.syncCollectives = true // a job's session is gone when it ends
 	return &jobLoop{w: w, cfg: j, dev: dev, iter: it}, nil
 }
 

@@ -53,6 +53,8 @@ type metrics struct {
 	stalled              atomic.Bool
 	// lastFrame is when the device last ran a frame (Unix ns).
 	lastFrame atomic.Int64
+	// flying is the number of collectives in flight (see collective.go).
+	flying atomic.Int64
 }
 
 // fused records a fused group of n ops.
@@ -117,11 +119,24 @@ type ioCount struct {
 	inInline, inObject, outInline, outObject uint64
 }
 
+// add adds o's counts to c.
+func (c *ioCount) add(o *ioCount) {
+	c.inInline += o.inInline
+	c.inObject += o.inObject
+	c.outInline += o.outInline
+	c.outObject += o.outObject
+}
+
 // frameDone records a frame of n ops that ran for took and moved c.
 func (m *metrics) frameDone(n int, took time.Duration, c *ioCount) {
 	m.frames.Add(1)
 	m.ops.Add(uint64(n))
 	m.execNanos.Add(uint64(took))
+	m.moved(c)
+}
+
+// moved records the bytes that c counts.
+func (m *metrics) moved(c *ioCount) {
 	if *c != (ioCount{}) {
 		m.inInline.Add(c.inInline)
 		m.inObject.Add(c.inObject)
@@ -196,6 +211,8 @@ func (w *Worker) WriteMetrics(out io.Writer) error {
 			func(d *device) float64 { return float64(d.m.fusedGroups.Load()) }},
 		{"jetfabric_device_fused_ops_total", "counter", "Ops executed inside fused groups.",
 			func(d *device) float64 { return float64(d.m.fusedOps.Load()) }},
+		{"jetfabric_device_collectives_in_flight", "gauge", "Collective ops running beside the device loop, their outputs not yet written.",
+			func(d *device) float64 { return float64(d.m.flying.Load()) }},
 		{"jetfabric_device_duplicate_frames_total", "counter", "Frames dropped because their session had run a frame of that number (a publish retried past the stream's duplicate window).",
 			func(d *device) float64 { return float64(d.m.duplicates.Load()) }},
 		{"jetfabric_device_consumer_renewals_total", "counter", "Times the device's consumer was created again (lost with a node, stalled, or a gap in delivery).",

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -67,7 +68,9 @@ func (s *session) free(d *device, id uint64) bool {
 	if e.t != nil {
 		s.addBytes(-int64(e.t.Buf.Bytes()))
 		d.dropLazy(e.t)
-		d.freeBuf(e.t.Buf)
+		if !d.dropFlying(e.t) { // else freed once its collective is done
+			d.freeBuf(e.t.Buf)
+		}
 	}
 	delete(s.tensors, id)
 	return true
@@ -77,6 +80,21 @@ func (s *session) freeAll(d *device) {
 	for id := range s.tensors {
 		s.free(d, id)
 	}
+}
+
+// pendInOrder records e, an error of an op that ran beside the loop,
+// among the unreported errors in the order of the ops (stream sequence,
+// then index), where the op would have put it had it run in the loop.
+func (s *session) pendInOrder(e codec.Error) {
+	k := len(s.pending)
+	for k > 0 {
+		p := s.pending[k-1]
+		if p.Seq < e.Seq || p.Seq == e.Seq && p.Index <= e.Index {
+			break
+		}
+		k--
+	}
+	s.pending = slices.Insert(s.pending, k, e)
 }
 
 // takeErrors returns and clears the unreported errors, adding cause if it is

@@ -67,12 +67,38 @@ func (x *exec) timeout(op *codec.Op) time.Duration {
 	return defaultTimeout
 }
 
+// mover moves one op's tensors through the object store. It touches no
+// state of the device loop: what it moved and the transfer objects it read
+// last are kept on it, under mu (a collective moves its pieces from
+// several goroutines), until the loop takes them (exec.moved, or the
+// settling of a collective in flight). Its worker's fields are set once.
+type mover struct {
+	w        *Worker
+	mu       sync.Mutex
+	io       ioCount
+	consumed []string
+}
+
+// mover returns a mover for one op of the frame.
+func (x *exec) mover() *mover { return &mover{w: x.d.w} }
+
+// moved takes what mv moved into the frame's counts and the objects it
+// read last into the device's consumed list. Device loop only, once mv's
+// op is done with it.
+func (x *exec) moved(mv *mover) {
+	mv.mu.Lock()
+	defer mv.mu.Unlock()
+	x.io.add(&mv.io)
+	x.d.consumed = append(x.d.consumed, mv.consumed...)
+	mv.io, mv.consumed = ioCount{}, nil
+}
+
 // publish writes data as object name for reads readers, with the tensor's
 // meta. The same op may write it again (a replay after a takeover): an
 // object already complete is left as it is, since the op gives the same
 // bits; otherwise it is written on a new chunk subject.
-func (x *exec) publish(ctx context.Context, name string, m kernels.Meta, data []byte, reads int, who string) error {
-	w := x.d.w
+func (mv *mover) publish(ctx context.Context, name string, m kernels.Meta, data []byte, reads int, who string) error {
+	w := mv.w
 	key := subjects.TransferKey(name)
 	rc := readCount{Max: reads, Writer: who, NUID: objectstore.NewNUID(), DType: m.DType.String(), Shape: shapeString(m.Shape)}
 	b, _ := json.Marshal(rc)
@@ -99,18 +125,18 @@ func (x *exec) publish(ctx context.Context, name string, m kernels.Meta, data []
 		_ = w.xfer.Abort(context.WithoutCancel(ctx), name, rc.NUID, err.Error())
 		return failf(codec.CodeUnavailabe, "transfer %s: %v", name, err)
 	}
-	x.mu.Lock()
-	x.io.outObject += uint64(len(data))
-	x.mu.Unlock()
+	mv.mu.Lock()
+	mv.io.outObject += uint64(len(data))
+	mv.mu.Unlock()
 	return nil
 }
 
 // fetchObject waits for object name, counts this read by who, checks the
 // tensor meta against want (a nil shape or an Invalid dtype accepts any)
 // and reads it into a new host buffer.
-func (x *exec) fetchObject(ctx context.Context, name string, who string, want kernels.Meta) (kernels.Meta, []byte, error) {
+func (mv *mover) fetchObject(ctx context.Context, name string, who string, want kernels.Meta) (kernels.Meta, []byte, error) {
 	var buf []byte
-	m, err := x.fetchInto(ctx, name, who, want, func(m kernels.Meta) ([]byte, error) {
+	m, err := mv.fetchInto(ctx, name, who, want, func(m kernels.Meta) ([]byte, error) {
 		buf = make([]byte, m.Bytes())
 		return buf, nil
 	})
@@ -120,20 +146,20 @@ func (x *exec) fetchObject(ctx context.Context, name string, who string, want ke
 // fetchInto is fetchObject reading into the buffer that dst returns for
 // the object's meta. Once the writer has announced the object, the chunks
 // are copied as they are stored, while the writer is still writing.
-func (x *exec) fetchInto(ctx context.Context, name string, who string, want kernels.Meta, dst func(kernels.Meta) ([]byte, error)) (kernels.Meta, error) {
-	w := x.d.w
-	rc, err := x.awaitTransfer(ctx, name)
+func (mv *mover) fetchInto(ctx context.Context, name string, who string, want kernels.Meta, dst func(kernels.Meta) ([]byte, error)) (kernels.Meta, error) {
+	w := mv.w
+	rc, err := mv.awaitTransfer(ctx, name)
 	if err != nil {
 		return kernels.Meta{}, err
 	}
-	m, err := x.announced(ctx, name, rc)
+	m, err := mv.announced(ctx, name, rc)
 	if err != nil {
 		return m, err
 	}
 	if want.DType != kernels.Invalid && want.DType != m.DType || want.Shape != nil && !slices.Equal(want.Shape, m.Shape) {
 		return m, failf(codec.CodeShape, "%s holds %v %v, the op expects %v %v", name, m.DType, m.Shape, want.DType, want.Shape)
 	}
-	if err := x.countRead(ctx, name, who); err != nil {
+	if err := mv.countRead(ctx, name, who); err != nil {
 		return m, err
 	}
 	buf, err := dst(m)
@@ -152,10 +178,10 @@ func (x *exec) fetchInto(ctx context.Context, name string, who string, want kern
 		// The writer stopped. A worker that takes its device over replays
 		// the expose and announces a new chunk subject: follow that one.
 		stalled := rc.NUID
-		if rc, err = x.awaitAnnouncement(ctx, name, func(r readCount) bool { return r.NUID != stalled }); err != nil {
+		if rc, err = mv.awaitAnnouncement(ctx, name, func(r readCount) bool { return r.NUID != stalled }); err != nil {
 			return m, err
 		}
-		if again, err := x.announced(ctx, name, rc); err != nil || again.DType != m.DType || !slices.Equal(again.Shape, m.Shape) {
+		if again, err := mv.announced(ctx, name, rc); err != nil || again.DType != m.DType || !slices.Equal(again.Shape, m.Shape) {
 			return m, failf(codec.CodeUnavailabe, "%s was announced again as %v %v, first as %v %v (%v)", name, again.DType, again.Shape, m.DType, m.Shape, err)
 		}
 	}
@@ -168,24 +194,24 @@ func (x *exec) fetchInto(ctx context.Context, name string, who string, want kern
 	default:
 		return m, failf(codec.CodeUnavailabe, "%s: %v", name, err)
 	}
-	x.mu.Lock()
-	x.io.inObject += uint64(len(buf))
-	x.mu.Unlock()
+	mv.mu.Lock()
+	mv.io.inObject += uint64(len(buf))
+	mv.mu.Unlock()
 	return m, nil
 }
 
 // awaitTransfer returns the writer's announcement of object name, waiting
 // for it to appear.
-func (x *exec) awaitTransfer(ctx context.Context, name string) (readCount, error) {
-	return x.awaitAnnouncement(ctx, name, func(readCount) bool { return true })
+func (mv *mover) awaitTransfer(ctx context.Context, name string) (readCount, error) {
+	return mv.awaitAnnouncement(ctx, name, func(readCount) bool { return true })
 }
 
 // awaitAnnouncement waits for an announcement of object name that accept
 // takes.
-func (x *exec) awaitAnnouncement(ctx context.Context, name string, accept func(readCount) bool) (readCount, error) {
+func (mv *mover) awaitAnnouncement(ctx context.Context, name string, accept func(readCount) bool) (readCount, error) {
 	var rc readCount
 	var decodeErr error
-	err := x.awaitKey(ctx, subjects.TransferKey(name), func(v []byte) bool {
+	err := mv.awaitKey(ctx, subjects.TransferKey(name), func(v []byte) bool {
 		var r readCount
 		if decodeErr = json.Unmarshal(v, &r); decodeErr != nil {
 			return true
@@ -208,8 +234,8 @@ func (x *exec) awaitAnnouncement(ctx context.Context, name string, accept func(r
 // current one or a later put. A key-value put is a message on the key's
 // subject, so the wait is a plain subscription to it (made before the
 // second look, so no put is missed), with no consumer on the broker.
-func (x *exec) awaitKey(ctx context.Context, key string, accept func([]byte) bool) error {
-	kv, nc := x.d.w.ctrl, x.d.w.nc
+func (mv *mover) awaitKey(ctx context.Context, key string, accept func([]byte) bool) error {
+	kv, nc := mv.w.ctrl, mv.w.nc
 	current := func() (bool, error) {
 		e, err := kv.Get(ctx, key)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -220,7 +246,7 @@ func (x *exec) awaitKey(ctx context.Context, key string, accept func([]byte) boo
 	if ok, err := current(); ok || err != nil {
 		return err
 	}
-	sub, err := nc.SubscribeSync(x.d.w.names.CtrlSubject(key))
+	sub, err := nc.SubscribeSync(mv.w.names.CtrlSubject(key))
 	if err != nil {
 		return err
 	}
@@ -273,9 +299,9 @@ const kvOperation = "KV-Operation"
 
 // announced is the tensor meta a writer announced, checked against the
 // limits: it came over the wire.
-func (x *exec) announced(ctx context.Context, name string, rc readCount) (kernels.Meta, error) {
+func (mv *mover) announced(ctx context.Context, name string, rc readCount) (kernels.Meta, error) {
 	if rc.DType == "" { // a writer that announced no meta: read it from the object
-		info, err := x.d.w.xfer.Stat(ctx, name)
+		info, err := mv.w.xfer.Stat(ctx, name)
 		if err != nil {
 			return kernels.Meta{}, failf(codec.CodeUnavailabe, "%s: %v", name, err)
 		}
@@ -294,15 +320,15 @@ func (x *exec) announced(ctx context.Context, name string, rc readCount) (kernel
 	if err != nil {
 		return m, failf(codec.CodeUnavailabe, "%s: announcement: %v", name, err)
 	}
-	if err := kernels.CheckShape(m.Shape, x.d.w.cfg.Limits.Tensor); err != nil {
+	if err := kernels.CheckShape(m.Shape, mv.w.cfg.Limits.Tensor); err != nil {
 		return m, failf(codec.CodeLimit, "%s: %v", name, err)
 	}
 	return m, nil
 }
 
 // countRead records a read of name by who, refusing reads past the bound.
-func (x *exec) countRead(ctx context.Context, name, who string) error {
-	kv := x.d.w.ctrl
+func (mv *mover) countRead(ctx context.Context, name, who string) error {
+	kv := mv.w.ctrl
 	lag := time.Now().Add(storeLag)
 	for wait := 100 * time.Microsecond; ; {
 		e, err := kv.Get(ctx, subjects.TransferKey(name))
@@ -337,9 +363,9 @@ func (x *exec) countRead(ctx context.Context, name, who string) error {
 		b, _ := json.Marshal(rc)
 		if _, err := kv.Update(ctx, subjects.TransferKey(name), b, e.Revision()); err == nil {
 			if len(rc.Readers) == rc.Max {
-				x.mu.Lock()
-				x.d.consumed = append(x.d.consumed, name)
-				x.mu.Unlock()
+				mv.mu.Lock()
+				mv.consumed = append(mv.consumed, name)
+				mv.mu.Unlock()
 			}
 			return nil
 		} else if !errors.Is(err, jetstream.ErrKeyExists) {
@@ -497,7 +523,9 @@ func (x *exec) expose(i int, op *codec.Op) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), x.timeout(op))
 	defer cancel()
-	return x.publish(ctx, subjects.TenantObject(x.s.tenant, subjects.TransferObject(op.Transfer)), t.Meta, data, reads, x.identity(i))
+	mv := x.mover()
+	defer x.moved(mv)
+	return mv.publish(ctx, subjects.TenantObject(x.s.tenant, subjects.TransferObject(op.Transfer)), t.Meta, data, reads, x.identity(i))
 }
 
 // importT waits for the op's transfer and places it as output 0.
@@ -523,7 +551,9 @@ func (x *exec) importT(i int, op *codec.Op) error {
 	ctx, cancel := context.WithTimeout(context.Background(), x.timeout(op))
 	defer cancel()
 	r := &receiver{x: x}
-	if _, err := x.fetchInto(ctx, subjects.TenantObject(x.s.tenant, subjects.TransferObject(op.Transfer)), x.identity(i), want, r.alloc); err != nil {
+	mv := x.mover()
+	defer x.moved(mv)
+	if _, err := mv.fetchInto(ctx, subjects.TenantObject(x.s.tenant, subjects.TransferObject(op.Transfer)), x.identity(i), want, r.alloc); err != nil {
 		r.drop()
 		return err
 	}
@@ -532,7 +562,10 @@ func (x *exec) importT(i int, op *codec.Op) error {
 
 // collective runs this rank's part of a collective op. Pieces travel
 // through the object store; every rank reduces in rank order, so every
-// rank gets the same bits.
+// rank gets the same bits. What can be checked here is checked here, and
+// fails the op at once; then, on a device whose tensors live in host
+// memory, the exchange runs beside the loop (startCollective) and the op
+// returns with its output in flight; elsewhere it runs to its end here.
 func (x *exec) collective(i int, op *codec.Op) error {
 	if err := x.claim(op, 1); err != nil {
 		return err
@@ -555,128 +588,119 @@ func (x *exec) collective(i int, op *codec.Op) error {
 	if !slices.Contains([]string{"", "scatter", "naive", "direct"}, algo) {
 		return failf(codec.CodeAttr, "%s: algo %q (want scatter, naive or direct)", op.Op, algo)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), x.timeout(op))
-	defer cancel()
-	c := coll{x: x, ctx: ctx, group: op.Group, n: n, r: r, who: x.identity(i)}
+	c := &coll{tenant: x.s.tenant, group: op.Group, n: n, r: r, who: x.identity(i)}
 
 	if op.Op == opBroadcast {
 		if op.Root < 0 || op.Root >= n {
 			return failf(codec.CodeAttr, "broadcast: root %d of %d", op.Root, n)
 		}
-		if r == op.Root {
-			if len(op.In) != 1 {
-				return failf(codec.CodeArity, "broadcast: the root takes 1 tensor")
+		if r != op.Root {
+			if len(op.In) != 0 {
+				return failf(codec.CodeArity, "broadcast: a rank other than the root takes no tensor")
 			}
-			t, err := x.input(op.In[0])
+			// The tensor's meta comes with it: this rank cannot make its
+			// output before, so it waits here.
+			ctx, cancel := context.WithTimeout(context.Background(), x.timeout(op))
+			defer cancel()
+			c.ctx, c.mv = ctx, x.mover()
+			defer x.moved(c.mv)
+			m, data, err := c.get("bc", op.Root, -1, kernels.Meta{})
 			if err != nil {
 				return err
 			}
-			data, err := x.bytesOf(t) // only read: the pieces and results are new buffers
-			if err != nil {
-				return err
-			}
-			if err := c.put("bc", -1, t.Meta, data, n-1); err != nil {
-				return err
-			}
-			return x.place(op.Out[0], t.Meta, data)
+			return x.place(op.Out[0], m, data)
 		}
-		if len(op.In) != 0 {
-			return failf(codec.CodeArity, "broadcast: a rank other than the root takes no tensor")
+		if len(op.In) != 1 {
+			return failf(codec.CodeArity, "broadcast: the root takes 1 tensor")
 		}
-		m, data, err := c.get("bc", op.Root, -1, kernels.Meta{})
-		if err != nil {
-			return err
-		}
-		return x.place(op.Out[0], m, data)
-	}
-
-	if len(op.In) != 1 {
+	} else if len(op.In) != 1 {
 		return failf(codec.CodeArity, "%s takes 1 tensor", op.Op)
 	}
 	t, err := x.input(op.In[0])
 	if err != nil {
 		return err
 	}
-	data, err := x.bytesOf(t) // only read: the pieces and results are new buffers
-	if err != nil {
-		return err
-	}
 	m := t.Meta
+	// work exchanges this rank's bytes and returns its output's; it only
+	// reads data (the pieces and results are new buffers).
+	var work func(c *coll, data []byte) ([]byte, error)
+	out := m
 	switch op.Op {
+	case opBroadcast:
+		work = func(c *coll, data []byte) ([]byte, error) {
+			return data, c.put("bc", -1, m, data, n-1)
+		}
 	case opAllGather:
 		if len(m.Shape) == 0 {
 			return failf(codec.CodeShape, "all_gather of a scalar; reshape it to [1]")
 		}
-		if err := c.put("ag", -1, m, data, n-1); err != nil {
-			return err
-		}
-		out := make([]byte, 0, n*len(data))
-		for j := range n {
-			if j == r {
-				out = append(out, data...)
-				continue
-			}
-			_, piece, err := c.get("ag", j, -1, m)
-			if err != nil {
-				return err
-			}
-			out = append(out, piece...)
-		}
-		shape := slices.Clone(m.Shape)
-		shape[0] *= n
-		return x.place(op.Out[0], kernels.Meta{DType: m.DType, Shape: shape}, out)
+		out.Shape = slices.Clone(m.Shape)
+		out.Shape[0] *= n
+		work = func(c *coll, data []byte) ([]byte, error) { return c.allGather(m, data) }
 	case opReduceScatter:
 		if len(m.Shape) == 0 || m.Shape[0]%n != 0 {
 			return failf(codec.CodeShape, "reduce_scatter: the first dimension of %v must divide by %d ranks", m.Shape, n)
 		}
-		mine, err := c.reduceScatter(m, data, red)
-		if err != nil {
+		if _, err := reducer(m.DType, red); err != nil {
 			return err
 		}
-		shape := slices.Clone(m.Shape)
-		shape[0] /= n
-		return x.place(op.Out[0], kernels.Meta{DType: m.DType, Shape: shape}, mine)
-	}
-	// all_reduce
-	if _, err := reducer(m.DType, red); err != nil {
-		return err
-	}
-	if algo == "" {
-		algo = "scatter"
-		if n == 2 || m.Bytes() <= directMax {
-			algo = "direct"
+		out.Shape = slices.Clone(m.Shape)
+		out.Shape[0] /= n
+		work = func(c *coll, data []byte) ([]byte, error) { return c.reduceScatter(m, data, red) }
+	default: // all_reduce
+		if _, err := reducer(m.DType, red); err != nil {
+			return err
+		}
+		if algo == "" {
+			algo = "scatter"
+			if n == 2 || m.Bytes() <= directMax {
+				algo = "direct"
+			}
+		}
+		switch algo {
+		case "naive":
+			work = func(c *coll, data []byte) ([]byte, error) { return c.naive(m, data, red) }
+		case "direct":
+			work = func(c *coll, data []byte) ([]byte, error) { return c.direct(m, data, red) }
+		default:
+			work = func(c *coll, data []byte) ([]byte, error) { return c.scatterGather(m, data, red) }
 		}
 	}
-	var out []byte
-	switch algo {
-	case "naive":
-		out, err = c.naive(m, data, red)
-	case "direct":
-		out, err = c.direct(m, data, red)
-	default:
-		out, err = c.scatterGather(m, data, red)
+	if started, err := x.startCollective(i, op, c, t, out, work); started || err != nil {
+		return err
 	}
+	data, err := x.bytesOf(t)
 	if err != nil {
 		return err
 	}
-	return x.place(op.Out[0], m, out)
+	ctx, cancel := context.WithTimeout(context.Background(), x.timeout(op))
+	defer cancel()
+	c.ctx, c.mv = ctx, x.mover()
+	defer x.moved(c.mv)
+	res, err := work(c, data)
+	if err != nil {
+		return err
+	}
+	return x.place(op.Out[0], out, res)
 }
 
-// coll is one rank's view of a collective.
+// coll is one rank's view of a collective. It shares nothing with the
+// device loop: it may run beside it.
 type coll struct {
-	x     *exec
-	ctx   context.Context
-	group string
-	n, r  int
-	who   string
+	mv     *mover
+	ctx    context.Context
+	tenant string
+	group  string
+	n, r   int
+	who    string
 }
 
 func (c *coll) put(phase string, to int, m kernels.Meta, data []byte, reads int) error {
-	return c.x.publish(c.ctx, subjects.TenantObject(c.x.s.tenant, subjects.CollectiveObject(c.group, phase, c.r, to)), m, data, reads, c.who)
+	return c.mv.publish(c.ctx, subjects.TenantObject(c.tenant, subjects.CollectiveObject(c.group, phase, c.r, to)), m, data, reads, c.who)
 }
 
 func (c *coll) get(phase string, from, to int, want kernels.Meta) (kernels.Meta, []byte, error) {
-	m, data, err := c.x.fetchObject(c.ctx, subjects.TenantObject(c.x.s.tenant, subjects.CollectiveObject(c.group, phase, from, to)), c.who, want)
+	m, data, err := c.mv.fetchObject(c.ctx, subjects.TenantObject(c.tenant, subjects.CollectiveObject(c.group, phase, from, to)), c.who, want)
 	if err != nil {
 		var oe *opError
 		if errors.As(err, &oe) && oe.code == codec.CodeUnavailabe {
@@ -684,6 +708,27 @@ func (c *coll) get(phase string, from, to int, want kernels.Meta) (kernels.Meta,
 		}
 	}
 	return m, data, err
+}
+
+// allGather: every rank writes its tensor once and reads every other
+// rank's, and joins them in rank order.
+func (c *coll) allGather(m kernels.Meta, data []byte) ([]byte, error) {
+	if err := c.put("ag", -1, m, data, c.n-1); err != nil {
+		return nil, err
+	}
+	out := make([]byte, 0, c.n*len(data))
+	for j := range c.n {
+		if j == c.r {
+			out = append(out, data...)
+			continue
+		}
+		_, piece, err := c.get("ag", j, -1, m)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, piece...)
+	}
+	return out, nil
 }
 
 // bounds splits n elements into c.n slices.
