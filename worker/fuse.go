@@ -70,14 +70,15 @@ func frameUsesInto(ops []codec.Op, uses map[uint64][]int) map[uint64][]int {
 // names it is a free: then no later op, read, frame or checkpoint can see
 // it. Every other output is kept, as executing the ops one by one would
 // keep it. A run that drops nothing saves no memory traffic worth a
-// kernel of its own, so it is not fused. uses is frameUses(ops).
-func planFusion(ops []codec.Op, uses map[uint64][]int, start int) (end int, keep []bool) {
+// kernel of its own, so it is not fused. The run ends at stop at the
+// latest. uses is frameUses(ops).
+func planFusion(ops []codec.Op, uses map[uint64][]int, start, stop int) (end int, keep []bool) {
 	if uses == nil {
 		return start, nil
 	}
 	made := map[uint64]bool{}
 	end = start
-	for end < len(ops) && end-start < maxFused {
+	for end < stop && end-start < maxFused {
 		op := &ops[end]
 		if len(op.Out) != 1 || made[op.Out[0]] {
 			break
@@ -126,15 +127,31 @@ func planFusion(ops []codec.Op, uses map[uint64][]int, start int) (end int, keep
 // output ids, shapes that Infer accepts, memory within the session's
 // limit. It returns the number of ops it ran, 0 when the caller must run
 // them one by one instead (no run, any problem, or the backend's
-// ErrNotImplemented), in which case the session is as it was.
-func (x *exec) fused(f fuser, ops []codec.Op, uses map[uint64][]int, start int) (n int) {
+// ErrNotImplemented), in which case the session is as it was. A run closed
+// by a reduction that the backend refuses is tried again without the
+// reduction (the CPU backend fuses no reductions: a ReLU's gradient, sign
+// then mul, is followed by the sum of a bias's gradient).
+func (x *exec) fused(f fuser, ops []codec.Op, uses map[uint64][]int, start int) int {
 	if uses == nil || start+1 >= len(ops) || !elementwise(ops[start].Op) || !elementwise(ops[start+1].Op) {
 		return 0
 	}
-	end, keep := planFusion(ops, uses, start)
+	end, keep := planFusion(ops, uses, start, len(ops))
 	if end == start {
 		return 0
 	}
+	n, refused := x.fuseRun(f, ops, start, end, keep)
+	if refused && slices.Contains(kernels.Reductions, ops[end-1].Op) {
+		if end, keep = planFusion(ops, uses, start, end-1); end > start {
+			n, _ = x.fuseRun(f, ops, start, end, keep)
+		}
+	}
+	return n
+}
+
+// fuseRun runs ops[start:end] as one group on f, writing the outputs that
+// keep marks, as fused does. refused reports the backend's
+// ErrNotImplemented.
+func (x *exec) fuseRun(f fuser, ops []codec.Op, start, end int, keep []bool) (n int, refused bool) {
 	run := ops[start:end]
 	val := make(map[uint64]int, 2*len(run)) // tensor id -> value number
 	var inIDs []uint64
@@ -152,7 +169,7 @@ func (x *exec) fused(f fuser, ops []codec.Op, uses map[uint64][]int, start int) 
 	for v, id := range inIDs {
 		t, err := x.input(id)
 		if err != nil {
-			return 0
+			return 0, false
 		}
 		in[v], metas[v] = t, t.Meta
 		val[id] = v
@@ -161,11 +178,11 @@ func (x *exec) fused(f fuser, ops []codec.Op, uses map[uint64][]int, start int) 
 		op := &run[k]
 		id := op.Out[0]
 		if _, taken := x.s.tensors[id]; taken || id == 0 || !kernels.Known(op.Op) {
-			return 0
+			return 0, false
 		}
 		kop, err := kernelOp(op)
 		if err != nil {
-			return 0
+			return 0, false
 		}
 		kop.Key, kop.Seed = id, x.s.seed
 		args := make([]int, len(op.In))
@@ -182,13 +199,13 @@ func (x *exec) fused(f fuser, ops []codec.Op, uses map[uint64][]int, start int) 
 	}
 	vals, err := kernels.InferFused(g, metas, x.d.w.cfg.Limits.Tensor)
 	if err != nil {
-		return 0
+		return 0, false
 	}
 	out := make([]*kernels.Tensor, 0, len(g.Results))
 	defer func() {
 		if p := recover(); p != nil {
 			x.release(out)
-			n = 0 // the ops one by one report the panic
+			n, refused = 0, false // the ops one by one report the panic
 		}
 	}()
 	for _, r := range g.Results {
@@ -196,23 +213,26 @@ func (x *exec) fused(f fuser, ops []codec.Op, uses map[uint64][]int, start int) 
 		t, err := x.allocFilled(vals[r])
 		if err != nil {
 			x.release(out)
-			return 0
+			return 0, false
 		}
 		out = append(out, t)
 	}
 	if err := f.ExecFused(g, in, out); err != nil {
 		x.release(out)
-		if !errors.Is(err, kernels.ErrNotImplemented) && !x.d.fuseFailed {
+		if errors.Is(err, kernels.ErrNotImplemented) {
+			return 0, true
+		}
+		if !x.d.fuseFailed {
 			x.d.fuseFailed = true
 			x.d.w.logf("worker: %s: a fused group of %d ops failed, running its ops one by one (logged once): %v", x.d.cfg.Name, len(run), err)
 		}
-		return 0
+		return 0, false
 	}
 	for k, r := range g.Results {
 		x.s.tensors[run[r-g.Inputs].Out[0]] = entry{t: out[k]}
 	}
 	x.d.m.fused(len(run))
-	return len(run)
+	return len(run), false
 }
 
 // reluer is a backend that runs an op and relu of its output as one,
