@@ -101,7 +101,8 @@ type Config struct {
 	// three of these also empties its backend's cache of freed buffers.
 	Reclaim time.Duration
 	// NoFusion runs every op by itself even where the backend can fuse
-	// runs of elementwise ops into one kernel (for comparisons).
+	// runs of elementwise ops into one kernel, or read a transpose that
+	// only a matmul reads in place (for comparisons).
 	NoFusion bool
 	// SyncCollectives runs every collective op to its end before the
 	// device's next op, as on a device whose memory the host cannot

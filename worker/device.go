@@ -750,6 +750,7 @@ func (d *device) run1(s *session, msg jetstream.Msg, seq uint64) (closed bool) {
 	start, n := time.Now(), 0
 	f, _ := d.cfg.Backend.(fuser)
 	rl, _ := d.cfg.Backend.(reluer)
+	tp, _ := d.cfg.Backend.(transposer)
 	var uses map[uint64][]int
 	if f != nil && !d.w.cfg.NoFusion {
 		if d.uses == nil && len(frame.Ops) <= maxReusedOps {
@@ -770,6 +771,12 @@ func (d *device) run1(s *session, msg jetstream.Msg, seq uint64) (closed bool) {
 			}
 			if rl != nil {
 				if k := x.withRelu(rl, frame.Ops, uses, n); k > 0 {
+					n += k
+					continue
+				}
+			}
+			if tp != nil {
+				if k := x.withTransposed(tp, frame.Ops, uses, n); k > 0 {
 					n += k
 					continue
 				}

@@ -320,3 +320,127 @@ func (x *exec) withRelu(rl reluer, ops []codec.Op, uses map[uint64][]int, start 
 	x.d.m.fused(2)
 	return 2
 }
+
+// transposer is a backend that runs a matmul of operands given as their
+// transposes, reading them where they are (the CPU backend). It returns
+// kernels.ErrNotImplemented for operands it cannot.
+type transposer interface {
+	ExecMatmulT(op *kernels.Op, trans [2]bool, in, out []*kernels.Tensor) error
+}
+
+// withTransposed runs ops[start], one or two permutes that swap the axes
+// of 2-D tensors, and the matmul right after them, which reads their
+// outputs, as one matmul of the permutes' inputs on tp, if each permute's
+// output is read by that matmul alone and dropped after it (the next op
+// after the matmul that names it is a free), so that no transpose is ever
+// stored. Linear layers make such pairs: x·Wᵀ forward, gᵀ·x for the
+// weight's gradient. It returns the number of ops it ran, 0 when the
+// caller must run them one by one instead (no such run, any problem, or
+// the backend's ErrNotImplemented), in which case the session is as it
+// was. uses is frameUses(ops).
+func (x *exec) withTransposed(tp transposer, ops []codec.Op, uses map[uint64][]int, start int) (n int) {
+	if uses == nil {
+		return 0
+	}
+	perms := 0
+	for perms < 2 && start+perms < len(ops) && ops[start+perms].Op == kernels.OpPermute {
+		perms++
+	}
+	if perms == 0 || start+perms >= len(ops) {
+		return 0
+	}
+	mm := &ops[start+perms]
+	if mm.Op != kernels.OpMatmul || len(mm.In) != 2 || len(mm.Out) != 1 || mm.Out[0] == 0 {
+		return 0
+	}
+	lim := x.d.w.cfg.Limits.Tensor
+	var trans [2]bool
+	var in [2]*kernels.Tensor
+	var metas [2]kernels.Meta
+	for j := range perms {
+		p := &ops[start+j]
+		if len(p.In) != 1 || len(p.Out) != 1 || !swapsTwo(p.Perm) {
+			return 0
+		}
+		t := p.Out[0]
+		// Named by the permute, then by the matmul (once or twice), then
+		// freed: by nothing else in between.
+		us := uses[t]
+		if t == 0 || t == mm.Out[0] || len(us) < 3 || us[0] != start+j {
+			return 0
+		}
+		k := 1
+		for k < len(us) && us[k] == start+perms {
+			k++
+		}
+		if k == 1 || k == len(us) || ops[us[k]].Op != opFree {
+			return 0
+		}
+		if _, taken := x.s.tensors[t]; taken {
+			return 0
+		}
+		src, err := x.input(p.In[0])
+		if err != nil || len(src.Shape) != 2 {
+			return 0
+		}
+		kop, err := kernelOp(p)
+		if err != nil {
+			return 0
+		}
+		om, err := kernels.Infer(&kop, []kernels.Meta{src.Meta}, lim)
+		if err != nil || len(om) != 1 {
+			return 0
+		}
+		for i, id := range mm.In {
+			if id == t {
+				trans[i], in[i], metas[i] = true, src, om[0]
+			}
+		}
+	}
+	for i, id := range mm.In {
+		if trans[i] {
+			continue
+		}
+		t, err := x.input(id)
+		if err != nil {
+			return 0
+		}
+		in[i], metas[i] = t, t.Meta
+	}
+	if _, taken := x.s.tensors[mm.Out[0]]; taken {
+		return 0
+	}
+	kop, err := kernelOp(mm)
+	if err != nil {
+		return 0
+	}
+	kop.Key, kop.Seed = mm.Out[0], x.s.seed
+	om, err := kernels.Infer(&kop, metas[:], lim)
+	if err != nil || len(om) != 1 {
+		return 0
+	}
+	t, err := x.allocFilled(om[0])
+	if err != nil {
+		return 0
+	}
+	out := []*kernels.Tensor{t}
+	defer func() {
+		if p := recover(); p != nil {
+			x.release(out)
+			n = 0 // the ops one by one report the panic
+		}
+	}()
+	if err := tp.ExecMatmulT(&kop, trans, in[:], out); err != nil {
+		x.release(out)
+		return 0
+	}
+	x.s.tensors[mm.Out[0]] = entry{t: t}
+	x.d.m.fused(perms + 1)
+	return perms + 1
+}
+
+// swapsTwo reports whether perm is a permutation of two axes that swaps
+// them ([1, 0], or with negative axes).
+func swapsTwo(perm []int) bool {
+	return len(perm) == 2 && (perm[0] == 1 || perm[0] == -1) && (perm[1] == 0 || perm[1] == -2)
+}
