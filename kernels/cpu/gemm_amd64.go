@@ -13,7 +13,9 @@ import (
 // else AVX2 and FMA ones; without AVX2 and FMA, the pure-Go product of
 // matmul.go. An operand given as its transpose (ExecMatmulT) is packed
 // from there by the block transposes of transpose_amd64.s: B always, A a
-// micro-panel of rows at a time.
+// micro-panel of rows at a time; a product of B given transposed and
+// fewer rows than columns (x·Wᵀ) runs as its transpose, packing the
+// smaller A instead (swapRoles).
 //
 // Each element of C sums k in blocks (gemmBlocks), in order, the first
 // block stored and each later one added, each block one chain of fused
@@ -117,6 +119,7 @@ func matmulF32(p *mm, c, a, b []float32) {
 		return
 	}
 	p.fold()
+	a, b = swapRoles(p, a, b)
 	kern := kern6x16
 	switch {
 	case hasAVX512 && p.m >= 12 && p.n > 16:
@@ -134,6 +137,7 @@ func matmulF64(p *mm, c, a, b []float64) {
 		return
 	}
 	p.fold()
+	a, b = swapRoles(p, a, b)
 	kern := kern6x8d
 	switch {
 	case hasAVX512 && p.m >= 12 && p.n > 8:
@@ -142,6 +146,26 @@ func matmulF64(p *mm, c, a, b []float64) {
 		kern = kern12x8d
 	}
 	gemmSIMD(p, c, a, b, kern)
+}
+
+// swapRoles turns a product of B given as its transpose, C = A·B, into
+// its transpose, Cᵀ = Bᵀ·Aᵀ, where that packs less: Bᵀ, as it is given,
+// is the new A, read in place, and Aᵀ the new B, packed from A, m·k
+// elements instead of n·k, and C is written transposed. Each element of C
+// is the same chain of fused multiply-adds (a product's operands commute),
+// so the bits do not change. It swaps only where m < n, m fills panels of
+// 32 columns with little waste, and gemmShared then computes the product;
+// it returns the operands, swapped if p is.
+func swapRoles[T float](p *mm, a, b []T) ([]T, []T) {
+	m, k, n := p.m, p.k, p.n
+	if !p.tb || p.ta || p.tc || p.batch.rank != 0 || m < 2 || m >= n || n < 12 ||
+		m*n*k <= smallMatmul || 8*roundUp(m, 32) > 9*m ||
+		k*128 > gpb || k*roundUp(m, 32)*sizeOf[T]() > gpbShared {
+		return a, b
+	}
+	p.m, p.n = n, m
+	p.tc = true // and tb stays: the new B is given as its transpose, A
+	return b, a
 }
 
 func gemmSIMD[T float](p *mm, c, a, b []T, kern gemmKernel[T]) {
@@ -192,7 +216,7 @@ func gemmPacked[T float](pv mm, c, a, b []T, kern gemmKernel[T]) {
 	// offset in every page. Else it is packed, whole if it is small enough.
 	ip := (p.m + kern.mr - 1) / kern.mr
 	inplace := !p.tb && p.n%kern.nr == 0 && (ip == 1 || ip <= 12 && p.n*sizeOf[T]()%4096 != 0)
-	if sz := p.k * kern.nr * sizeOf[T](); inplace || sz <= gpb && sz*((p.n+kern.nr-1)/kern.nr) <= gpbShared {
+	if sz := p.k * kern.nr * sizeOf[T](); inplace || p.tc || sz <= gpb && sz*((p.n+kern.nr-1)/kern.nr) <= gpbShared {
 		gemmShared(p, c, a, b, kern, w, inplace)
 		return
 	}
@@ -455,6 +479,22 @@ func gemmRows[T float](p *mm, c, a []T, ci, nrow, jb0, jb1, b0, b1 int, g *gemmS
 			gatherA(g.pa, g.lda, a, p.m, ci, nrow, k0, k1)
 		}
 		ap, lda, ak0 = g.pa, g.lda, -k0
+	}
+	if p.tc {
+		// C is written transposed (row length m): a micro-tile sums every
+		// k block in edge, as C would, then goes to C's columns.
+		for jb := jb0; jb < jb1; jb++ {
+			cj := j0 + jb*nr
+			for bi := b0; bi < b1; bi++ {
+				pc, pe := gemmBlock(k, g.nkb, bi), gemmBlock(k, g.nkb, bi+1)
+				kk := pe - pc
+				_ = ap[ak0+pc+(mr-1)*lda+kk-1] // the kernel's last element of A
+				pb := g.pb[(pc-k0)*jp*nr : (pe-k0)*jp*nr]
+				kern.run(kk, &ap[ak0+pc], lda, &pb[jb*kk*nr], nr, &g.edge[0], nr, pc > 0)
+			}
+			transposeSIMD(c[cj*p.m+ci:], p.m, g.edge, nr, nrow, min(nr, j0+cols-cj))
+		}
+		return
 	}
 	for bi := b0; bi < b1; bi++ {
 		pc, pe := gemmBlock(k, g.nkb, bi), gemmBlock(k, g.nkb, bi+1)

@@ -213,7 +213,8 @@ func TestGemmSIMDSameBitsOnAnyCores(t *testing.T) {
 }
 
 // checkTransposed checks that every way of spreading the product p gives
-// the bits want with A, B or both given as their transposes.
+// the bits want with A, B or both given as their transposes, and with the
+// roles of A and B swapped where swapRoles swaps them.
 func checkTransposed[T float](t *testing.T, s gemmShape, p mm, a, b, want []T, kern gemmKernel[T]) {
 	t.Helper()
 	at, bt := flipped(a, p.m, p.k), flipped(b, p.k, p.n)
@@ -227,11 +228,15 @@ func checkTransposed[T float](t *testing.T, s gemmShape, p mm, a, b, want []T, k
 		if q.tb {
 			y = bt
 		}
+		// B given transposed may run as Cᵀ = Bᵀ·Aᵀ, C written transposed.
+		sq := q
+		sx, sy := swapRoles(&sq, x, y)
 		ways := []struct {
 			name string
 			run  func(c []T)
 		}{
 			{"gemmPacked", func(c []T) { gemmPacked(q, c, x, y, kern) }},
+			{"gemmPacked swapped", func(c []T) { gemmPacked(sq, c, sx, sy, kern) }},
 			{"gemmTiles", func(c []T) { gemmTiles(&q, c, x, y, kern, 3) }},
 			{"gemmShared", func(c []T) { gemmShared(&q, c, x, y, kern, 3, false) }},
 			{"gemmShared on one core", func(c []T) { gemmShared(&q, c, x, y, kern, 1, false) }},

@@ -22,8 +22,10 @@ type mm struct {
 	// already runs one product a core.
 	serial bool
 	// ta and tb say that A, B are given as their transposes (A as k×m, B
-	// as n×k, row-major), of a product without batch dims.
-	ta, tb bool
+	// as n×k, row-major), of a product without batch dims; tc that C is
+	// written as its transpose (n×m), which only gemmShared does (see
+	// swapRoles).
+	ta, tb, tc bool
 }
 
 // offsets returns the offsets, in elements, of batch t's A, B and C.

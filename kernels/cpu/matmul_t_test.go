@@ -16,12 +16,15 @@ import (
 // product: the unpacked one (small, a column vector, few rows), the packed
 // ones on one core and on several, with B read in place or packed, k in
 // one block, in several, and not a multiple of the block, edge rows and
-// columns, and single rows and columns.
+// columns, single rows and columns, and the roles of A and B swapped.
 var transposedShapes = [][3]int{
 	{1, 1, 1}, {1, 7, 1}, {1, 300, 40}, {40, 300, 1}, {3, 5, 7}, {6, 1, 16}, {7, 3, 17},
 	{12, 1, 32}, {13, 5, 33}, {11, 200, 48}, {12, 256, 32}, {25, 257, 70}, {70, 70, 70},
 	{128, 784, 512}, {128, 512, 10}, {10, 128, 512}, {512, 128, 784}, {193, 600, 130},
 	{37, 1030, 64}, {300, 40, 1100}, {5, 300, 2048}, {2000, 20, 64},
+	// B transposed, run as Cᵀ = Bᵀ·Aᵀ: k in one block, in several, and
+	// not a multiple of the block; C's edges.
+	{64, 300, 200}, {32, 1000, 100}, {96, 257, 300}, {128, 20, 300}, {30, 100, 45},
 }
 
 // TestMatmulTransposed: a matmul of operands given as their transposes
