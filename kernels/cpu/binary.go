@@ -32,10 +32,10 @@ type cmpKernels struct {
 
 func init() {
 	for name, k := range map[string]binKernels{
-		kernels.OpAdd:     {addK[float32], addK[float64], addK[int32], addK[int64], addK[uint8], nil},
-		kernels.OpSub:     {subK[float32], subK[float64], subK[int32], subK[int64], subK[uint8], nil},
-		kernels.OpMul:     {mulK[float32], mulK[float64], mulK[int32], mulK[int64], mulK[uint8], nil},
-		kernels.OpDiv:     {divK[float32], divK[float64], idivK[int32], idivK[int64], idivK[uint8], nil},
+		kernels.OpAdd:     {addF32, addK[float64], addK[int32], addK[int64], addK[uint8], nil},
+		kernels.OpSub:     {subF32, subK[float64], subK[int32], subK[int64], subK[uint8], nil},
+		kernels.OpMul:     {mulF32, mulK[float64], mulK[int32], mulK[int64], mulK[uint8], nil},
+		kernels.OpDiv:     {divF32, divK[float64], idivK[int32], idivK[int64], idivK[uint8], nil},
 		kernels.OpMaximum: {maxK[float32], maxK[float64], maxK[int32], maxK[int64], maxK[uint8], nil},
 		kernels.OpMinimum: {minK[float32], minK[float64], minK[int32], minK[int64], minK[uint8], nil},
 		kernels.OpPow:     {mapK(powf[float32]), mapK(powf[float64]), nil, nil, nil, nil},

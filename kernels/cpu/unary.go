@@ -153,6 +153,10 @@ func unaryFloat[T float](u unaryOp, x, y []T) {
 			y[i] = -v
 		}
 	case kernels.OpRelu:
+		if x, ok := any(x).([]float32); ok {
+			reluF32(x, any(y).([]float32))
+			return
+		}
 		// max, not a branch: on data of random sign a branch is
 		// mispredicted half the time. NaN stays NaN.
 		for i, v := range x {
@@ -167,6 +171,10 @@ func unaryFloat[T float](u unaryOp, x, y []T) {
 			y[i] = T(math.Sqrt(float64(v)))
 		}
 	case kernels.OpSign:
+		if x, ok := any(x).([]float32); ok {
+			signF32(x, any(y).([]float32))
+			return
+		}
 		signFloat(x, y)
 	default:
 		f := u.fn
