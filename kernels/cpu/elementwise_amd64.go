@@ -23,6 +23,12 @@ func relu32(y, x *float32, n int)
 //go:noescape
 func sign32(y, x *float32, n int)
 
+func init() {
+	if hasAVX2FMA {
+		vecGrain = 8
+	}
+}
+
 // vv32 runs k, one of the kernels above, over the first elements of y, a
 // and b that make a multiple of 8 (all of them have at least len(y)) and
 // returns how many it did: the caller's loop does the rest.

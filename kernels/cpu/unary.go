@@ -138,7 +138,11 @@ func (b *Backend) unary(u unaryOp, op *kernels.Op, in, out []*kernels.Tensor) er
 }
 
 func unaryRun[T float](u unaryOp, x, y []T) {
-	if w := split(len(y), u.cost); w > 1 {
+	n := len(y)
+	if _, ok := any(y).([]float32); ok && (u.name == kernels.OpRelu || u.name == kernels.OpSign) {
+		n /= vecGrain // on vectors (reluF32, signF32)
+	}
+	if w := split(n, u.cost); w > 1 {
 		parallel(len(y), w, func(lo, hi int) { unaryFloat(u, x[lo:hi], y[lo:hi]) })
 		return
 	}
