@@ -751,6 +751,7 @@ func (d *device) run1(s *session, msg jetstream.Msg, seq uint64) (closed bool) {
 	f, _ := d.cfg.Backend.(fuser)
 	rl, _ := d.cfg.Backend.(reluer)
 	tp, _ := d.cfg.Backend.(transposer)
+	ip, _ := d.cfg.Backend.(inPlacer)
 	var uses map[uint64][]int
 	if f != nil && !d.w.cfg.NoFusion {
 		if d.uses == nil && len(frame.Ops) <= maxReusedOps {
@@ -781,8 +782,10 @@ func (d *device) run1(s *session, msg jetstream.Msg, seq uint64) (closed bool) {
 					continue
 				}
 			}
+			x.donate = donations(ip, frame.Ops, uses, n)
 		}
 		closed = x.op(n, &frame.Ops[n])
+		x.donate = nil
 		n++
 	}
 	d.m.frameDone(n, time.Since(start), &x.io)

@@ -259,6 +259,7 @@ func (x *exec) replayFused(f fuser, p *graphPlan, op *codec.Op, ids []uint64, i 
 	}
 	rl, _ := x.d.cfg.Backend.(reluer)
 	tp, _ := x.d.cfg.Backend.(transposer)
+	ip, _ := x.d.cfg.Backend.(inPlacer)
 	for n := 0; n < len(ops); {
 		if k := x.fused(f, ops, uses, n); k > 0 {
 			n += k
@@ -277,7 +278,9 @@ func (x *exec) replayFused(f fuser, p *graphPlan, op *codec.Op, ids []uint64, i 
 			}
 		}
 		run.origin = q.origin[n]
+		x.donate = donations(ip, ops, uses, n)
 		x.op(i, &ops[n])
+		x.donate = nil
 		n++
 	}
 }
