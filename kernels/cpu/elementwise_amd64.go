@@ -21,6 +21,9 @@ func divVV32(y, a, b *float32, n int)
 func relu32(y, x *float32, n int)
 
 //go:noescape
+func addWidened8(acc *float64, x *float32, n int)
+
+//go:noescape
 func sign32(y, x *float32, n int)
 
 func init() {
@@ -98,4 +101,17 @@ func reluF32(x, y []float32) {
 func signF32(x, y []float32) {
 	n := unary32(sign32, y, x)
 	signFloat(x[n:len(y)], y[n:])
+}
+
+// addWidened adds x's elements, widened to float64, to acc's, the first
+// that make a multiple of 8 of len(acc) (x holds as many), on vectors, and
+// returns how many: a column sum's row, with the bits of the Go loop.
+func addWidened(acc []float64, x []float32) int {
+	n := len(acc) &^ 7
+	if !hasAVX2FMA || n == 0 {
+		return 0
+	}
+	_ = x[n-1]
+	addWidened8(&acc[0], &x[0], n)
+	return n
 }

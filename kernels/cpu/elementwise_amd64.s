@@ -10,6 +10,7 @@
 //	func addVV32(y, a, b *float32, n int)  // and sub, mul, div: y = a op b
 //	func relu32(y, x *float32, n int)
 //	func sign32(y, x *float32, n int)
+//	func addWidened8(acc *float64, x *float32, n int) // acc += float64(x)
 
 // VVARGS loads y to DI, a to SI, b to DX and n, in bytes, to CX; AX = 0
 // is the offset.
@@ -204,6 +205,30 @@ loop:
 	VPANDN Y3, Y2, Y3      // the rest elsewhere
 	VPOR Y4, Y3, Y3
 	VMOVUPS Y3, (DI)(AX*1)
+	ADDQ $32, AX
+	JMP loop
+
+done:
+	VZEROUPPER
+	RET
+
+// func addWidened8(acc *float64, x *float32, n int)
+TEXT ·addWidened8(SB), NOSPLIT, $0-24
+	MOVQ acc+0(FP), DI
+	MOVQ x+8(FP), SI
+	MOVQ n+16(FP), CX
+	SHLQ $2, CX // bytes of x; acc's offset is twice x's
+	XORQ AX, AX
+
+loop:
+	CMPQ AX, CX
+	JGE done
+	VCVTPS2PD (SI)(AX*1), Y0
+	VCVTPS2PD 16(SI)(AX*1), Y1
+	VADDPD (DI)(AX*2), Y0, Y0
+	VADDPD 32(DI)(AX*2), Y1, Y1
+	VMOVUPD Y0, (DI)(AX*2)
+	VMOVUPD Y1, 32(DI)(AX*2)
 	ADDQ $32, AX
 	JMP loop
 

@@ -14,9 +14,10 @@ var specials32 = []uint32{0, 0x80000000, 1, 0x80000001, 0x007fffff, 0x3f800000, 
 	0x7fc00123, 0xffe0a506}
 
 // TestElementwiseVectorBits: the float32 vector kernels of add, sub, mul,
-// div, relu and sign give the bits of the Go loops, element for element,
-// on every length up to 70 (the tails the loops finish), from any offset,
-// on random bit patterns and special values.
+// div, relu and sign, and the widening add of column sums, give the bits
+// of the Go loops, element for element, on every length up to 70 (the
+// tails the loops finish), from any offset, on random bit patterns and
+// special values.
 func TestElementwiseVectorBits(t *testing.T) {
 	r := rand.New(rand.NewPCG(31, 32))
 	const n = 80
@@ -74,6 +75,26 @@ func TestElementwiseVectorBits(t *testing.T) {
 			signFloat(x[:l], want)
 			if !same(got, want) {
 				t.Fatalf("sign, %d elements from %d: %v, want %v", l, off, got, want)
+			}
+			acc, acc2 := make([]float64, l), make([]float64, l)
+			for i := range acc {
+				acc[i] = r.NormFloat64() * 1e3
+				if r.IntN(4) == 0 { // a NaN summed already, of another payload
+					acc[i] = math.Float64frombits(0x7ff8000000000000 | r.Uint64()&0xfffff)
+				}
+				acc2[i] = acc[i]
+			}
+			k := addWidened(acc, x)
+			for j, v := range x[k:l] {
+				acc[k+j] += float64(v)
+			}
+			for j, v := range x[:l] {
+				acc2[j] += float64(v)
+			}
+			for j := range acc {
+				if math.Float64bits(acc[j]) != math.Float64bits(acc2[j]) {
+					t.Fatalf("widening add, %d elements from %d: element %d is %v, want %v", l, off, j, acc[j], acc2[j])
+				}
 			}
 		}
 	}
