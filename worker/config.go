@@ -100,8 +100,10 @@ type Config struct {
 	// since the last time) is returned to the system; a device idle for
 	// three of these also empties its backend's cache of freed buffers.
 	Reclaim time.Duration
-	// NoFusion runs every op by itself even where the backend can fuse
-	// runs of elementwise ops into one kernel (for comparisons).
+	// NoFusion runs every op by itself, into fresh outputs, even where the
+	// backend can fuse runs of elementwise ops into one kernel, read a
+	// transpose that only a matmul reads in place, or write an output over
+	// an input freed after the op (for comparisons).
 	NoFusion bool
 	// SyncCollectives runs every collective op to its end before the
 	// device's next op, as on a device whose memory the host cannot

@@ -750,6 +750,8 @@ func (d *device) run1(s *session, msg jetstream.Msg, seq uint64) (closed bool) {
 	start, n := time.Now(), 0
 	f, _ := d.cfg.Backend.(fuser)
 	rl, _ := d.cfg.Backend.(reluer)
+	tp, _ := d.cfg.Backend.(transposer)
+	ip, _ := d.cfg.Backend.(inPlacer)
 	var uses map[uint64][]int
 	if f != nil && !d.w.cfg.NoFusion {
 		if d.uses == nil && len(frame.Ops) <= maxReusedOps {
@@ -774,8 +776,16 @@ func (d *device) run1(s *session, msg jetstream.Msg, seq uint64) (closed bool) {
 					continue
 				}
 			}
+			if tp != nil {
+				if k := x.withTransposed(tp, frame.Ops, uses, n); k > 0 {
+					n += k
+					continue
+				}
+			}
+			x.donate = donations(ip, frame.Ops, uses, n)
 		}
 		closed = x.op(n, &frame.Ops[n])
+		x.donate = nil
 		n++
 	}
 	d.m.frameDone(n, time.Since(start), &x.io)

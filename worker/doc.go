@@ -52,7 +52,11 @@
 // on fabric.alive.<device>.<session> (liveness.go). A frame of a session
 // freed as idle is answered with session_freed. The tensors of all the
 // sessions of a device share its memory budget (memory.go); an op that
-// would pass it fails with resource_exhausted.
+// would pass it fails with resource_exhausted. On a backend that writes in
+// place (the CPU's elementwise ops and optimizer steps), an output takes
+// the buffer of an input of its dtype and shape that the frame or replay
+// frees right after the op (donate.go), so an optimizer step updates its
+// parameter and moments where they are.
 //
 // Checkpoints are written beside the device loop (checkpoint.go): the loop
 // takes a snapshot of references and goes on; a goroutine writes it,

@@ -40,6 +40,9 @@ type exec struct {
 	enc      codec.Encoding
 	io       ioCount   // bytes moved by this frame, for metrics
 	graph    *graphRun // the replay running, if any (see graph.go)
+	// donate marks, for the compute op about to run, the inputs whose
+	// buffers its outputs may take (see donations); nil for none.
+	donate []bool
 }
 
 // pend records a new error of the session, reported on its next read or
@@ -274,22 +277,74 @@ func (x *exec) compute(op *codec.Op) error {
 		return err
 	}
 	// Exec writes every element of its outputs (the conformance suite
-	// poisons them first), so they need no clearing.
+	// poisons them first), so they need no clearing. An output may take
+	// the buffer of an input that is dropped after this op (donate).
 	out := make([]*kernels.Tensor, len(outMetas))
+	from := x.donated(in, outMetas)
 	for j, m := range outMetas {
+		if from != nil && from[j] >= 0 {
+			out[j] = &kernels.Tensor{Meta: m, Buf: in[from[j]].Buf}
+			continue
+		}
 		if out[j], err = x.allocFilled(m); err != nil {
-			x.release(out[:j])
+			x.releaseOwn(out[:j], from)
 			return err
 		}
 	}
 	if err := x.d.execOn(kop, in, out); err != nil {
-		x.release(out)
+		x.releaseOwn(out, from)
 		return err
+	}
+	// A donated input's buffer is its output's now: the input is gone,
+	// its bytes the output's, and the free that follows finds nothing.
+	for _, i := range from {
+		if i >= 0 {
+			x.d.dropLazy(in[i])
+			delete(x.s.tensors, op.In[i])
+		}
 	}
 	for j, id := range op.Out {
 		x.s.tensors[id] = entry{t: out[j]}
 	}
 	return nil
+}
+
+// donated returns, for each output meta, the input whose buffer it takes
+// (-1 for a new one): an input that x.donate marks, of the output's dtype
+// and shape, each input to one output at most, none that a checkpoint in
+// flight reads.
+// It returns nil when there is no such input.
+func (x *exec) donated(in []*kernels.Tensor, outMetas []kernels.Meta) []int {
+	if x.donate == nil || len(x.donate) != len(in) {
+		return nil
+	}
+	var from []int
+	taken := make([]bool, len(in))
+	for j, m := range outMetas {
+		for i, t := range in {
+			if x.donate[i] && !taken[i] && t.DType == m.DType && sameShape(t.Shape, m.Shape) && !x.d.mem.pinned(t.Buf) {
+				if from == nil {
+					from = make([]int, len(outMetas))
+					for k := range from {
+						from[k] = -1
+					}
+				}
+				from[j], taken[i] = i, true
+				break
+			}
+		}
+	}
+	return from
+}
+
+// releaseOwn releases the outputs that did not take an input's buffer
+// (all of them if from is nil).
+func (x *exec) releaseOwn(out []*kernels.Tensor, from []int) {
+	for j, t := range out {
+		if t != nil && (from == nil || from[j] < 0) {
+			x.release([]*kernels.Tensor{t})
+		}
+	}
 }
 
 func (x *exec) release(ts []*kernels.Tensor) {

@@ -70,14 +70,15 @@ func frameUsesInto(ops []codec.Op, uses map[uint64][]int) map[uint64][]int {
 // names it is a free: then no later op, read, frame or checkpoint can see
 // it. Every other output is kept, as executing the ops one by one would
 // keep it. A run that drops nothing saves no memory traffic worth a
-// kernel of its own, so it is not fused. uses is frameUses(ops).
-func planFusion(ops []codec.Op, uses map[uint64][]int, start int) (end int, keep []bool) {
+// kernel of its own, so it is not fused. The run ends at stop at the
+// latest. uses is frameUses(ops).
+func planFusion(ops []codec.Op, uses map[uint64][]int, start, stop int) (end int, keep []bool) {
 	if uses == nil {
 		return start, nil
 	}
 	made := map[uint64]bool{}
 	end = start
-	for end < len(ops) && end-start < maxFused {
+	for end < stop && end-start < maxFused {
 		op := &ops[end]
 		if len(op.Out) != 1 || made[op.Out[0]] {
 			break
@@ -126,15 +127,31 @@ func planFusion(ops []codec.Op, uses map[uint64][]int, start int) (end int, keep
 // output ids, shapes that Infer accepts, memory within the session's
 // limit. It returns the number of ops it ran, 0 when the caller must run
 // them one by one instead (no run, any problem, or the backend's
-// ErrNotImplemented), in which case the session is as it was.
-func (x *exec) fused(f fuser, ops []codec.Op, uses map[uint64][]int, start int) (n int) {
+// ErrNotImplemented), in which case the session is as it was. A run closed
+// by a reduction that the backend refuses is tried again without the
+// reduction (the CPU backend fuses no reductions: a ReLU's gradient, sign
+// then mul, is followed by the sum of a bias's gradient).
+func (x *exec) fused(f fuser, ops []codec.Op, uses map[uint64][]int, start int) int {
 	if uses == nil || start+1 >= len(ops) || !elementwise(ops[start].Op) || !elementwise(ops[start+1].Op) {
 		return 0
 	}
-	end, keep := planFusion(ops, uses, start)
+	end, keep := planFusion(ops, uses, start, len(ops))
 	if end == start {
 		return 0
 	}
+	n, refused := x.fuseRun(f, ops, start, end, keep)
+	if refused && slices.Contains(kernels.Reductions, ops[end-1].Op) {
+		if end, keep = planFusion(ops, uses, start, end-1); end > start {
+			n, _ = x.fuseRun(f, ops, start, end, keep)
+		}
+	}
+	return n
+}
+
+// fuseRun runs ops[start:end] as one group on f, writing the outputs that
+// keep marks, as fused does. refused reports the backend's
+// ErrNotImplemented.
+func (x *exec) fuseRun(f fuser, ops []codec.Op, start, end int, keep []bool) (n int, refused bool) {
 	run := ops[start:end]
 	val := make(map[uint64]int, 2*len(run)) // tensor id -> value number
 	var inIDs []uint64
@@ -152,7 +169,7 @@ func (x *exec) fused(f fuser, ops []codec.Op, uses map[uint64][]int, start int) 
 	for v, id := range inIDs {
 		t, err := x.input(id)
 		if err != nil {
-			return 0
+			return 0, false
 		}
 		in[v], metas[v] = t, t.Meta
 		val[id] = v
@@ -161,11 +178,11 @@ func (x *exec) fused(f fuser, ops []codec.Op, uses map[uint64][]int, start int) 
 		op := &run[k]
 		id := op.Out[0]
 		if _, taken := x.s.tensors[id]; taken || id == 0 || !kernels.Known(op.Op) {
-			return 0
+			return 0, false
 		}
 		kop, err := kernelOp(op)
 		if err != nil {
-			return 0
+			return 0, false
 		}
 		kop.Key, kop.Seed = id, x.s.seed
 		args := make([]int, len(op.In))
@@ -182,13 +199,13 @@ func (x *exec) fused(f fuser, ops []codec.Op, uses map[uint64][]int, start int) 
 	}
 	vals, err := kernels.InferFused(g, metas, x.d.w.cfg.Limits.Tensor)
 	if err != nil {
-		return 0
+		return 0, false
 	}
 	out := make([]*kernels.Tensor, 0, len(g.Results))
 	defer func() {
 		if p := recover(); p != nil {
 			x.release(out)
-			n = 0 // the ops one by one report the panic
+			n, refused = 0, false // the ops one by one report the panic
 		}
 	}()
 	for _, r := range g.Results {
@@ -196,23 +213,26 @@ func (x *exec) fused(f fuser, ops []codec.Op, uses map[uint64][]int, start int) 
 		t, err := x.allocFilled(vals[r])
 		if err != nil {
 			x.release(out)
-			return 0
+			return 0, false
 		}
 		out = append(out, t)
 	}
 	if err := f.ExecFused(g, in, out); err != nil {
 		x.release(out)
-		if !errors.Is(err, kernels.ErrNotImplemented) && !x.d.fuseFailed {
+		if errors.Is(err, kernels.ErrNotImplemented) {
+			return 0, true
+		}
+		if !x.d.fuseFailed {
 			x.d.fuseFailed = true
 			x.d.w.logf("worker: %s: a fused group of %d ops failed, running its ops one by one (logged once): %v", x.d.cfg.Name, len(run), err)
 		}
-		return 0
+		return 0, false
 	}
 	for k, r := range g.Results {
 		x.s.tensors[run[r-g.Inputs].Out[0]] = entry{t: out[k]}
 	}
 	x.d.m.fused(len(run))
-	return len(run)
+	return len(run), false
 }
 
 // reluer is a backend that runs an op and relu of its output as one,
@@ -299,4 +319,128 @@ func (x *exec) withRelu(rl reluer, ops []codec.Op, uses map[uint64][]int, start 
 	x.s.tensors[res] = entry{t: t}
 	x.d.m.fused(2)
 	return 2
+}
+
+// transposer is a backend that runs a matmul of operands given as their
+// transposes, reading them where they are (the CPU backend). It returns
+// kernels.ErrNotImplemented for operands it cannot.
+type transposer interface {
+	ExecMatmulT(op *kernels.Op, trans [2]bool, in, out []*kernels.Tensor) error
+}
+
+// withTransposed runs ops[start], one or two permutes that swap the axes
+// of 2-D tensors, and the matmul right after them, which reads their
+// outputs, as one matmul of the permutes' inputs on tp, if each permute's
+// output is read by that matmul alone and dropped after it (the next op
+// after the matmul that names it is a free), so that no transpose is ever
+// stored. Linear layers make such pairs: x·Wᵀ forward, gᵀ·x for the
+// weight's gradient. It returns the number of ops it ran, 0 when the
+// caller must run them one by one instead (no such run, any problem, or
+// the backend's ErrNotImplemented), in which case the session is as it
+// was. uses is frameUses(ops).
+func (x *exec) withTransposed(tp transposer, ops []codec.Op, uses map[uint64][]int, start int) (n int) {
+	if uses == nil {
+		return 0
+	}
+	perms := 0
+	for perms < 2 && start+perms < len(ops) && ops[start+perms].Op == kernels.OpPermute {
+		perms++
+	}
+	if perms == 0 || start+perms >= len(ops) {
+		return 0
+	}
+	mm := &ops[start+perms]
+	if mm.Op != kernels.OpMatmul || len(mm.In) != 2 || len(mm.Out) != 1 || mm.Out[0] == 0 {
+		return 0
+	}
+	lim := x.d.w.cfg.Limits.Tensor
+	var trans [2]bool
+	var in [2]*kernels.Tensor
+	var metas [2]kernels.Meta
+	for j := range perms {
+		p := &ops[start+j]
+		if len(p.In) != 1 || len(p.Out) != 1 || !swapsTwo(p.Perm) {
+			return 0
+		}
+		t := p.Out[0]
+		// Named by the permute, then by the matmul (once or twice), then
+		// freed: by nothing else in between.
+		us := uses[t]
+		if t == 0 || t == mm.Out[0] || len(us) < 3 || us[0] != start+j {
+			return 0
+		}
+		k := 1
+		for k < len(us) && us[k] == start+perms {
+			k++
+		}
+		if k == 1 || k == len(us) || ops[us[k]].Op != opFree {
+			return 0
+		}
+		if _, taken := x.s.tensors[t]; taken {
+			return 0
+		}
+		src, err := x.input(p.In[0])
+		if err != nil || len(src.Shape) != 2 {
+			return 0
+		}
+		kop, err := kernelOp(p)
+		if err != nil {
+			return 0
+		}
+		om, err := kernels.Infer(&kop, []kernels.Meta{src.Meta}, lim)
+		if err != nil || len(om) != 1 {
+			return 0
+		}
+		for i, id := range mm.In {
+			if id == t {
+				trans[i], in[i], metas[i] = true, src, om[0]
+			}
+		}
+	}
+	for i, id := range mm.In {
+		if trans[i] {
+			continue
+		}
+		t, err := x.input(id)
+		if err != nil {
+			return 0
+		}
+		in[i], metas[i] = t, t.Meta
+	}
+	if _, taken := x.s.tensors[mm.Out[0]]; taken {
+		return 0
+	}
+	kop, err := kernelOp(mm)
+	if err != nil {
+		return 0
+	}
+	kop.Key, kop.Seed = mm.Out[0], x.s.seed
+	om, err := kernels.Infer(&kop, metas[:], lim)
+	if err != nil || len(om) != 1 {
+		return 0
+	}
+	t, err := x.allocFilled(om[0])
+	if err != nil {
+		return 0
+	}
+	out := []*kernels.Tensor{t}
+	defer func() {
+		if p := recover(); p != nil {
+			x.release(out)
+			n = 0 // the ops one by one report the panic
+		}
+	}()
+	if err := tp.ExecMatmulT(&kop, trans, in[:], out); err != nil {
+		x.release(out)
+		return 0
+	}
+	x.s.tensors[mm.Out[0]] = entry{t: t}
+	x.d.m.fused(perms + 1)
+	return perms + 1
+}
+
+// swapsTwo reports whether perm is a permutation of two axes that swaps
+// them ([1, 0], or with negative axes).
+func swapsTwo(perm []int) bool {
+	return len(perm) == 2 && (perm[0] == 1 || perm[0] == -1) && (perm[1] == 0 || perm[1] == -2)
 }

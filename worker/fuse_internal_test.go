@@ -53,7 +53,7 @@ func TestPlanFusion(t *testing.T) {
 			op("exp", 2, 1), op("neg", 3, 2), op("abs", 4, 3), op("read", 0, 3), free(2, 3)}, 0, 3, []bool{false, true, true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			end, keep := planFusion(tc.ops, frameUses(tc.ops), tc.start)
+			end, keep := planFusion(tc.ops, frameUses(tc.ops), tc.start, len(tc.ops))
 			if tc.end == 0 {
 				tc.end = tc.start
 			}
@@ -61,5 +61,24 @@ func TestPlanFusion(t *testing.T) {
 				t.Errorf("planFusion = %d, %v; want %d, %v", end, keep, tc.end, tc.keep)
 			}
 		})
+	}
+}
+
+// TestPlanFusionStop: a run ends at its stop, and one that keeps fewer
+// than two ops before it is no run.
+func TestPlanFusionStop(t *testing.T) {
+	op := func(name string, out uint64, in ...uint64) codec.Op {
+		return codec.Op{Op: name, Out: []uint64{out}, In: in}
+	}
+	ops := []codec.Op{op("exp", 2, 1), op("neg", 3, 2), op("max", 4, 3), op("exp", 5, 4), {Op: opFree, In: []uint64{2, 3}}}
+	uses := frameUses(ops)
+	if end, keep := planFusion(ops, uses, 0, len(ops)); end != 3 || !slices.Equal(keep, []bool{false, false, true}) {
+		t.Errorf("no stop: %d, %v; want 3, [false false true]", end, keep)
+	}
+	if end, keep := planFusion(ops, uses, 0, 2); end != 2 || !slices.Equal(keep, []bool{false, true}) {
+		t.Errorf("stop before the reduction: %d, %v; want 2, [false true]", end, keep)
+	}
+	if end, keep := planFusion(ops, uses, 0, 1); end != 0 || keep != nil {
+		t.Errorf("stop after one op: %d, %v; want no run", end, keep)
 	}
 }

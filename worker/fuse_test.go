@@ -181,3 +181,70 @@ func describe(r codec.Result) string {
 	}
 	return s
 }
+
+// groupRecorder is the CPU backend recording the groups it fused and the
+// ones it refused.
+type groupRecorder struct {
+	*cpu.Backend
+	mu             sync.Mutex
+	fused, refused [][]string // the ops of each group
+}
+
+func (g *groupRecorder) ExecFused(fg *kernels.FusedGroup, in, out []*kernels.Tensor) error {
+	err := g.Backend.ExecFused(fg, in, out)
+	var names []string
+	for _, op := range fg.Ops {
+		names = append(names, op.Op.Name)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if err == nil {
+		g.fused = append(g.fused, names)
+	} else {
+		g.refused = append(g.refused, names)
+	}
+	return err
+}
+
+// TestFusionWithoutTheReduction: a run closed by a reduction that the
+// backend does not fuse (the CPU backend fuses none) fuses without it, as
+// a ReLU's gradient (sign, mul) before the sum of a bias's gradient, with
+// the bits of the ops one by one.
+func TestFusionWithoutTheReduction(t *testing.T) {
+	b := brokertest.Run(t)
+	gr := &groupRecorder{Backend: cpu.New()}
+	startWorker(t, b, func(c *worker.Config) {
+		c.Devices = []worker.Device{
+			{Name: "cpu-0", Kind: "cpu", Backend: struct{ kernels.Backend }{cpu.New()}},
+			{Name: "cpu-1", Kind: "cpu", Backend: gr},
+		}
+	})
+	body := `{"v":1,"ops":[
+		{"op":"seed","seed":9},
+		{"op":"uniform","out":[1],"dtype":"f32","shape":[64,300],"low":-1,"high":1},
+		{"op":"uniform","out":[2],"dtype":"f32","shape":[64,300],"low":-1,"high":1},
+		{"op":"relu","out":[3],"in":[1]},
+		{"op":"sign","out":[4],"in":[3]},
+		{"op":"mul","out":[5],"in":[2,4]},
+		{"op":"sum","out":[6],"in":[5],"axes":[0]},
+		{"op":"free","in":[4]},
+		{"op":"read","in":[6],"tag":1}]}`
+	plain := newRaw(t, b, "fabric.ops.cpu-0.r")
+	fused := newRaw(t, b, "fabric.ops.cpu-1.r")
+	plain.sendJSON(body)
+	fused.sendJSON(body)
+	want, got := plain.result(), fused.result()
+	if !sameResult(want, got) || len(got.Errors) > 0 {
+		t.Fatalf("op by op %s, fused %s", describe(want), describe(got))
+	}
+	plain.sendJSON(`{"v":1,"ops":[{"op":"read","in":[5],"tag":2}]}`)
+	fused.sendJSON(`{"v":1,"ops":[{"op":"read","in":[5],"tag":2}]}`)
+	if want, got := plain.result(), fused.result(); !sameResult(want, got) || len(got.Errors) > 0 {
+		t.Fatalf("the kept product: op by op %s, fused %s", describe(want), describe(got))
+	}
+	gr.mu.Lock()
+	defer gr.mu.Unlock()
+	if fmt.Sprint(gr.refused) != "[[relu sign mul sum]]" || fmt.Sprint(gr.fused) != "[[relu sign mul]]" {
+		t.Errorf("refused %v, fused %v; want [[relu sign mul sum]] refused, [[relu sign mul]] fused", gr.refused, gr.fused)
+	}
+}

@@ -100,8 +100,9 @@ type graphPlan struct {
 	outputs []uint64
 	// seq is the graph's ops with a free after the last use of each
 	// internal tensor; fuse places those frees after runs of elementwise
-	// ops and reductions instead, where the device's fusion looks for
-	// them, for backends that fuse.
+	// ops and reductions instead, and after a matmul that reads permutes
+	// right before it, where the device's fusion looks for them, for
+	// backends that fuse.
 	seq, fuse planned
 	// scratch holds the session ids of one op's inputs and outputs
 	// during a replay: as long as the most any op names.
@@ -257,6 +258,8 @@ func (x *exec) replayFused(f fuser, p *graphPlan, op *codec.Op, ids []uint64, i 
 		uses = frameUses(ops)
 	}
 	rl, _ := x.d.cfg.Backend.(reluer)
+	tp, _ := x.d.cfg.Backend.(transposer)
+	ip, _ := x.d.cfg.Backend.(inPlacer)
 	for n := 0; n < len(ops); {
 		if k := x.fused(f, ops, uses, n); k > 0 {
 			n += k
@@ -268,8 +271,16 @@ func (x *exec) replayFused(f fuser, p *graphPlan, op *codec.Op, ids []uint64, i 
 				continue
 			}
 		}
+		if tp != nil {
+			if k := x.withTransposed(tp, ops, uses, n); k > 0 {
+				n += k
+				continue
+			}
+		}
 		run.origin = q.origin[n]
+		x.donate = donations(ip, ops, uses, n)
 		x.op(i, &ops[n])
+		x.donate = nil
 		n++
 	}
 }
@@ -529,7 +540,7 @@ func compile(name string, data []byte, lim kernels.Limits) (*graphPlan, error) {
 		if len(frees[k]) > 0 {
 			p.seq.add(codec.Op{Op: opFree, In: frees[k]}, k, nil)
 		}
-		if name := g.Ops[k].Op; len(pending) > 0 && !elementwise(name) && !slices.Contains(kernels.Reductions, name) {
+		if len(pending) > 0 && !keepsFrees(g.Ops, k) {
 			p.fuse.add(codec.Op{Op: opFree, In: pending}, max(k-1, 0), nil)
 			pending = nil
 		}
@@ -546,4 +557,18 @@ func compile(name string, data []byte, lim kernels.Limits) (*graphPlan, error) {
 	p.scratch = make([]uint64, most)
 	p.ids = make([]uint64, 1+len(p.inputs)+p.internal)
 	return p, nil
+}
+
+// keepsFrees reports whether the frees due before ops[k] in a fusing plan
+// wait until after it: ops[k] is elementwise, a reduction, a permute or a
+// matmul right after a permute, so that no free splits a run the device
+// may fuse (elementwise ops, or permutes and the matmul that reads them).
+func keepsFrees(ops []codec.Op, k int) bool {
+	switch name := ops[k].Op; {
+	case elementwise(name), slices.Contains(kernels.Reductions, name), name == kernels.OpPermute:
+		return true
+	case name == kernels.OpMatmul:
+		return k > 0 && ops[k-1].Op == kernels.OpPermute
+	}
+	return false
 }

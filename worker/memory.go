@@ -63,6 +63,13 @@ func (m *memory) unpin(buf kernels.Buffer) {
 	}
 }
 
+// pinned reports whether a checkpoint in flight reads buf.
+func (m *memory) pinned(buf kernels.Buffer) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.pins[buf] > 0
+}
+
 // deferFree reports whether buf is pinned, and if so records that it is
 // to be freed once it is not.
 func (m *memory) deferFree(buf kernels.Buffer) bool {

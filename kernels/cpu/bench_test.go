@@ -105,6 +105,7 @@ func BenchmarkMatmul(b *testing.B) {
 		name    string
 		m, k, n int
 		trans   byte // 'a' or 'b': that operand is given transposed
+		fold    bool // and read in place (ExecMatmulT), not permuted first
 	}
 	var shapes []shape
 	for _, n := range []int{64, 256, 1024, 2048} {
@@ -120,6 +121,16 @@ func BenchmarkMatmul(b *testing.B) {
 		shape{name: "mlp2-dxT", m: 128, k: 512, n: 512, trans: 'b'},
 		shape{name: "mlp3-dx", m: 128, k: 10, n: 512},
 		shape{name: "mlp3-dw", m: 512, k: 128, n: 10},
+		// The MLP's step as nn sends it (x·Wᵀ forward, gᵀ·x for the weight
+		// gradients), permute then matmul, or folded.
+		shape{name: "mlp1-fwd-T", m: 128, k: 784, n: 512, trans: 'b'},
+		shape{name: "mlp1-fwd-fold", m: 128, k: 784, n: 512, trans: 'b', fold: true},
+		shape{name: "mlp2-fwd-T", m: 128, k: 512, n: 512, trans: 'b'},
+		shape{name: "mlp2-fwd-fold", m: 128, k: 512, n: 512, trans: 'b', fold: true},
+		shape{name: "mlp1-dW-T", m: 512, k: 128, n: 784, trans: 'a'},
+		shape{name: "mlp1-dW-fold", m: 512, k: 128, n: 784, trans: 'a', fold: true},
+		shape{name: "mlp2-dW-T", m: 512, k: 128, n: 512, trans: 'a'},
+		shape{name: "mlp2-dW-fold", m: 512, k: 128, n: 512, trans: 'a', fold: true},
 		shape{name: "conv2", m: 128 * 576, k: 288, n: 64},
 		shape{name: "conv2-dx", m: 128 * 576, k: 64, n: 288},
 		shape{name: "conv2-dw", m: 288, k: 128 * 576, n: 64},
@@ -152,6 +163,19 @@ func BenchmarkMatmul(b *testing.B) {
 				op := &kernels.Op{Name: kernels.OpMatmul}
 				out := infer(b, be, op, x, y)
 				in := []*kernels.Tensor{x, y}
+				if s.fold {
+					// The stored operand, read in place.
+					stored := []*kernels.Tensor{x, y}
+					stored[s.trans-'a'] = preIn[0][0]
+					trans := [2]bool{s.trans == 'a', s.trans == 'b'}
+					for b.Loop() {
+						if err := be.ExecMatmulT(op, trans, stored, out); err != nil {
+							b.Fatal(err)
+						}
+					}
+					b.ReportMetric(2*float64(s.m)*float64(s.n)*float64(s.k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+					return
+				}
 				for b.Loop() {
 					for i, op := range pre {
 						if err := be.Exec(op, preIn[i], preOut[i]); err != nil {

@@ -19,6 +19,8 @@ type binKernels struct {
 	i64 kern2[int64, int64]
 	u8  kern2[uint8, uint8]
 	b8  kern2[uint8, uint8] // bool
+	// vec32: f32 runs same-shaped runs on vectors (see vecGrain).
+	vec32 bool
 }
 
 // cmpKernels are the kernels of one comparison, per dtype (bool as u8).
@@ -32,17 +34,17 @@ type cmpKernels struct {
 
 func init() {
 	for name, k := range map[string]binKernels{
-		kernels.OpAdd:     {addK[float32], addK[float64], addK[int32], addK[int64], addK[uint8], nil},
-		kernels.OpSub:     {subK[float32], subK[float64], subK[int32], subK[int64], subK[uint8], nil},
-		kernels.OpMul:     {mulK[float32], mulK[float64], mulK[int32], mulK[int64], mulK[uint8], nil},
-		kernels.OpDiv:     {divK[float32], divK[float64], idivK[int32], idivK[int64], idivK[uint8], nil},
-		kernels.OpMaximum: {maxK[float32], maxK[float64], maxK[int32], maxK[int64], maxK[uint8], nil},
-		kernels.OpMinimum: {minK[float32], minK[float64], minK[int32], minK[int64], minK[uint8], nil},
-		kernels.OpPow:     {mapK(powf[float32]), mapK(powf[float64]), nil, nil, nil, nil},
-		kernels.OpMod:     {mapK(fmod[float32]), mapK(fmod[float64]), mapK(imod[int32]), mapK(imod[int64]), mapK(imod[uint8]), nil},
-		kernels.OpAnd:     {nil, nil, andK[int32], andK[int64], andK[uint8], landK[uint8]},
-		kernels.OpOr:      {nil, nil, orK[int32], orK[int64], orK[uint8], lorK[uint8]},
-		kernels.OpXor:     {nil, nil, xorK[int32], xorK[int64], xorK[uint8], lxorK[uint8]},
+		kernels.OpAdd:     {addF32, addK[float64], addK[int32], addK[int64], addK[uint8], nil, true},
+		kernels.OpSub:     {subF32, subK[float64], subK[int32], subK[int64], subK[uint8], nil, true},
+		kernels.OpMul:     {mulF32, mulK[float64], mulK[int32], mulK[int64], mulK[uint8], nil, true},
+		kernels.OpDiv:     {divF32, divK[float64], idivK[int32], idivK[int64], idivK[uint8], nil, true},
+		kernels.OpMaximum: {maxK[float32], maxK[float64], maxK[int32], maxK[int64], maxK[uint8], nil, false},
+		kernels.OpMinimum: {minK[float32], minK[float64], minK[int32], minK[int64], minK[uint8], nil, false},
+		kernels.OpPow:     {mapK(powf[float32]), mapK(powf[float64]), nil, nil, nil, nil, false},
+		kernels.OpMod:     {mapK(fmod[float32]), mapK(fmod[float64]), mapK(imod[int32]), mapK(imod[int64]), mapK(imod[uint8]), nil, false},
+		kernels.OpAnd:     {nil, nil, andK[int32], andK[int64], andK[uint8], landK[uint8], false},
+		kernels.OpOr:      {nil, nil, orK[int32], orK[int64], orK[uint8], lorK[uint8], false},
+		kernels.OpXor:     {nil, nil, xorK[int32], xorK[int64], xorK[uint8], lxorK[uint8], false},
 	} {
 		elementwise[name] = true
 		def(func(b *Backend, op *kernels.Op, in, out []*kernels.Tensor) error {
@@ -79,7 +81,11 @@ func (b *Backend) binary(k binKernels, op *kernels.Op, in, out []*kernels.Tensor
 	nx, nz, n := x.Numel(), z.Numel(), y.Numel()
 	switch x.DType {
 	case kernels.Float32:
-		return binaryRun(op, k.f32, m, &bc, view[float32](yd, n), view[float32](xd, nx), view[float32](zd, nz))
+		grain := 1
+		if k.vec32 {
+			grain = vecGrain
+		}
+		return binaryRunGrain(op, k.f32, m, &bc, view[float32](yd, n), view[float32](xd, nx), view[float32](zd, nz), grain)
 	case kernels.Float64:
 		return binaryRun(op, k.f64, m, &bc, view[float64](yd, n), view[float64](xd, nx), view[float64](zd, nz))
 	case kernels.Int32:
@@ -153,6 +159,12 @@ func plan2(op *kernels.Op, x, z, y *kernels.Tensor) (m mode, bc bcast, err error
 // binaryRun runs k over y in mode m, or over the broadcast bc if m is
 // walk, in parallel when y is large.
 func binaryRun[T, U any](op *kernels.Op, k kern2[T, U], m mode, bc *bcast, y []U, a, b []T) error {
+	return binaryRunGrain(op, k, m, bc, y, a, b, 1)
+}
+
+// binaryRunGrain is binaryRun for a kernel that takes grain elements in
+// the time of one cheap operation where its runs are same-shaped (vv).
+func binaryRunGrain[T, U any](op *kernels.Op, k kern2[T, U], m mode, bc *bcast, y []U, a, b []T, grain int) error {
 	if k == nil {
 		return dtypeErr(op, "input", 0, dtypeOf[T]())
 	}
@@ -165,7 +177,10 @@ func binaryRun[T, U any](op *kernels.Op, k kern2[T, U], m mode, bc *bcast, y []U
 		flat = bc.mode()
 	}
 	if flat != walk {
-		if w := split(n, 1); w > 1 {
+		if flat != vv {
+			grain = 1
+		}
+		if w := split(n/grain, 1); w > 1 {
 			sa, sb := b2i(flat == vv || flat == vs), b2i(flat == vv || flat == sv)
 			parallel(n, w, func(lo, hi int) { k(y[lo:hi], a[lo*sa:], b[lo*sb:], flat) })
 			return nil
@@ -174,7 +189,10 @@ func binaryRun[T, U any](op *kernels.Op, k kern2[T, U], m mode, bc *bcast, y []U
 		return nil
 	}
 	inner := bc.mode()
-	if w := split(n, 1); w > 1 {
+	if inner != vv {
+		grain = 1
+	}
+	if w := split(n/grain, 1); w > 1 {
 		bb := *bc // a copy, so that bc itself stays on the caller's stack
 		parallel(n, w, func(lo, hi int) { binaryWalk(k, &bb, inner, y, a, b, lo, hi) })
 		return nil

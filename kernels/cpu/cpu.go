@@ -318,6 +318,12 @@ func inPlaceSafe(op *kernels.Op, in, out []*kernels.Tensor) bool {
 	return true
 }
 
+// InPlace reports whether op may write an output over an input of the same
+// dtype and shape without a copy: the elementwise ops and the optimizer
+// steps, whose element i of every output reads only element i of the
+// inputs, all of them before it is written.
+func (b *Backend) InPlace(op string) bool { return elementwise[op] }
+
 // execCopyOut runs op into fresh outputs and copies them over the real ones.
 func (b *Backend) execCopyOut(e entry, op *kernels.Op, in, out []*kernels.Tensor) error {
 	tmp := make([]*kernels.Tensor, len(out))

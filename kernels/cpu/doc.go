@@ -40,7 +40,11 @@
 // operands, and ExecRelu runs a conv2d taking relu as it writes its
 // outputs: both give the bits of their ops one by one. The worker calls
 // them for runs of ops whose intermediate results are freed right after,
-// so those are never stored.
+// so those are never stored. ExecMatmulT runs a matmul of 2-D float32 or
+// float64 operands either of which is given as its transpose, packing it
+// from where it is (the worker calls it for a permute [1, 0] whose output
+// only a matmul reads, as nn's Linear layers make), with the bits of the
+// permute and the matmul one by one.
 //
 // # Memory
 //

@@ -101,7 +101,7 @@ func (b *Backend) ExecFused(g *kernels.FusedGroup, in, out []*kernels.Tensor) er
 		fs.tails[v] = m.Shape[max(0, len(m.Shape)-len(tail)):]
 	}
 	w := 1
-	if total*cost >= parallelMin {
+	if total*cost >= parallelMin*fusedGrain(g, vals) {
 		w = min(runtime.GOMAXPROCS(0), blocks)
 	}
 	if w == 1 {
@@ -130,6 +130,29 @@ func fusable(name string) (int, bool) {
 		return 4, true
 	}
 	return 0, false
+}
+
+// fusedGrain is vecGrain for a group whose every op runs on vectors
+// (float32 add, sub, mul and div of no scalar operand, relu, sign), else 1:
+// such a group spreads over the cores only when that much larger.
+func fusedGrain(g *kernels.FusedGroup, vals []kernels.Meta) int {
+	for k, op := range g.Ops {
+		if vals[g.Inputs+k].DType != kernels.Float32 {
+			return 1
+		}
+		switch op.Op.Name {
+		case kernels.OpAdd, kernels.OpSub, kernels.OpMul, kernels.OpDiv:
+			for _, a := range op.Args {
+				if kernels.Numel(vals[a].Shape) == 1 {
+					return 1
+				}
+			}
+		case kernels.OpRelu, kernels.OpSign:
+		default:
+			return 1
+		}
+	}
+	return vecGrain
 }
 
 // leadDim is the dim of a tensor of shape m at axis k of a group of rank

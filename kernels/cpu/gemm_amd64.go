@@ -11,7 +11,11 @@ import (
 // columns, or read in place; A read in place) around assembly
 // micro-kernels (gemm_amd64.s), AVX-512 ones where the CPU has AVX-512,
 // else AVX2 and FMA ones; without AVX2 and FMA, the pure-Go product of
-// matmul.go.
+// matmul.go. An operand given as its transpose (ExecMatmulT) is packed
+// from there by the block transposes of transpose_amd64.s: B always, A a
+// micro-panel of rows at a time; a product of B given transposed and
+// fewer rows than columns (x·Wᵀ) runs as its transpose, packing the
+// smaller A instead (swapRoles).
 //
 // Each element of C sums k in blocks (gemmBlocks), in order, the first
 // block stored and each later one added, each block one chain of fused
@@ -40,6 +44,16 @@ func gemm12x16(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc 
 
 //go:noescape
 func gemm12x8d(k int, a *float64, lda int, b *float64, ldb int, c *float64, ldc int, add bool)
+
+// The block transposes of packing (transpose_amd64.s): n square blocks,
+// block i at src + i*sstep (rows lds apart) written transposed to dst +
+// i*dstep (rows ldd apart); lengths in elements.
+
+//go:noescape
+func transpose8x8(n int, src *float32, lds, sstep int, dst *float32, ldd, dstep int)
+
+//go:noescape
+func transpose4x4d(n int, src *float64, lds, sstep int, dst *float64, ldd, dstep int)
 
 // cpuid executes CPUID with EAX=leaf and ECX=sub.
 func cpuid(leaf, sub uint32) (a, b, c, d uint32)
@@ -105,6 +119,7 @@ func matmulF32(p *mm, c, a, b []float32) {
 		return
 	}
 	p.fold()
+	a, b = swapRoles(p, a, b)
 	kern := kern6x16
 	switch {
 	case hasAVX512 && p.m >= 12 && p.n > 16:
@@ -122,6 +137,7 @@ func matmulF64(p *mm, c, a, b []float64) {
 		return
 	}
 	p.fold()
+	a, b = swapRoles(p, a, b)
 	kern := kern6x8d
 	switch {
 	case hasAVX512 && p.m >= 12 && p.n > 8:
@@ -130,6 +146,26 @@ func matmulF64(p *mm, c, a, b []float64) {
 		kern = kern12x8d
 	}
 	gemmSIMD(p, c, a, b, kern)
+}
+
+// swapRoles turns a product of B given as its transpose, C = A·B, into
+// its transpose, Cᵀ = Bᵀ·Aᵀ, where that packs less: Bᵀ, as it is given,
+// is the new A, read in place, and Aᵀ the new B, packed from A, m·k
+// elements instead of n·k, and C is written transposed. Each element of C
+// is the same chain of fused multiply-adds (a product's operands commute),
+// so the bits do not change. It swaps only where m < n, m fills panels of
+// 32 columns with little waste, and gemmShared then computes the product;
+// it returns the operands, swapped if p is.
+func swapRoles[T float](p *mm, a, b []T) ([]T, []T) {
+	m, k, n := p.m, p.k, p.n
+	if !p.tb || p.ta || p.tc || p.batch.rank != 0 || m < 2 || m >= n || n < 12 ||
+		m*n*k <= smallMatmul || 8*roundUp(m, 32) > 9*m ||
+		k*128 > gpb || k*roundUp(m, 32)*sizeOf[T]() > gpbShared {
+		return a, b
+	}
+	p.m, p.n = n, m
+	p.tc = true // and tb stays: the new B is given as its transpose, A
+	return b, a
 }
 
 func gemmSIMD[T float](p *mm, c, a, b []T, kern gemmKernel[T]) {
@@ -179,8 +215,8 @@ func gemmPacked[T float](pv mm, c, a, b []T, kern gemmKernel[T]) {
 	// micro-panel of A's rows, or few and its rows do not start at the same
 	// offset in every page. Else it is packed, whole if it is small enough.
 	ip := (p.m + kern.mr - 1) / kern.mr
-	inplace := p.n%kern.nr == 0 && (ip == 1 || ip <= 12 && p.n*sizeOf[T]()%4096 != 0)
-	if sz := p.k * kern.nr * sizeOf[T](); inplace || sz <= gpb && sz*((p.n+kern.nr-1)/kern.nr) <= gpbShared {
+	inplace := !p.tb && p.n%kern.nr == 0 && (ip == 1 || ip <= 12 && p.n*sizeOf[T]()%4096 != 0)
+	if sz := p.k * kern.nr * sizeOf[T](); inplace || p.tc || sz <= gpb && sz*((p.n+kern.nr-1)/kern.nr) <= gpbShared {
 		gemmShared(p, c, a, b, kern, w, inplace)
 		return
 	}
@@ -226,9 +262,14 @@ func gemmShared[T float](p *mm, c, a, b []T, kern gemmKernel[T], w int, inplace 
 	}
 	cg := (jp + cp - 1) / cp
 	units := ru * cg
-	// B is packed in tasks of one k block by one group of panels, group
-	// by group, reading its rows a group wide.
-	packs := nkb * cg
+	// B is packed in tasks of one k block by one part of a group of
+	// panels, group by group, reading its rows a part wide: a group in sub
+	// parts, so that there are packs for every goroutine to share.
+	sub := 1
+	if w > 1 {
+		sub = max(1, min(cp, (4*w+nkb*cg-1)/(nkb*cg)))
+	}
+	packs := nkb * cg * sub
 	if inplace {
 		packs = 0
 	}
@@ -261,13 +302,14 @@ func gemmShared[T float](p *mm, c, a, b []T, kern gemmKernel[T], w int, inplace 
 			if t >= packs {
 				break
 			}
-			q, bi := t/nkb, t%nkb
+			q, part, bi := t/(nkb*sub), t%(nkb*sub)/nkb, t%nkb
 			pc, pe := gemmBlock(k, nkb, bi), gemmBlock(k, nkb, bi+1)
 			kk := pe - pc
-			jb0, jb1 := q*cp, min(jp, (q+1)*cp)
-			j0, cols := jb0*nr, min(n, jb1*nr)-jb0*nr
-			packBPanels(pb[pc*jp*nr+jb0*kk*nr:pc*jp*nr+jb1*kk*nr], b, n, j0, cols, pc, kk, nr)
-			if packed[q].add() == nkb {
+			g0, gn := q*cp, min(jp, (q+1)*cp)-q*cp
+			jb0, jb1 := g0+gn*part/sub, g0+gn*(part+1)/sub
+			j0, cols := jb0*nr, min(n, jb1*nr)-min(n, jb0*nr) // no columns if jb0 == jb1
+			packBOf(p, pb[pc*jp*nr+jb0*kk*nr:pc*jp*nr+jb1*kk*nr], b, j0, cols, pc, kk, nr)
+			if packed[q].add() == nkb*sub {
 				close(ready[q])
 			}
 		}
@@ -285,7 +327,7 @@ func gemmShared[T float](p *mm, c, a, b []T, kern gemmKernel[T], w int, inplace 
 			}
 			q, r := t/ru, t%ru
 			if packs > 0 {
-				for i := 0; i < 64 && packed[q].load() < nkb; i++ {
+				for i := 0; i < 64 && packed[q].load() < nkb*sub; i++ {
 					runtime.Gosched()
 				}
 				select {
@@ -396,7 +438,7 @@ func roundUp(x, m int) int { return (x + m - 1) / m * m }
 // batch's C (m×n) = A (m×k) · B (k×n): per group of k blocks, it packs B,
 // then runs gemmRows for each mr rows.
 func gemmTileSIMD[T float](p *mm, c, a, b []T, i0, j0, rows, cols int, g *gemmScratch[T], kern gemmKernel[T]) {
-	n, k := p.n, p.k
+	k := p.k
 	mr, nr := kern.mr, kern.nr
 	jp := (cols + nr - 1) / nr
 	g.j0, g.cols, g.jp = j0, cols, jp
@@ -405,7 +447,7 @@ func gemmTileSIMD[T float](p *mm, c, a, b []T, i0, j0, rows, cols int, g *gemmSc
 		k0 := gemmBlock(k, g.nkb, b0)
 		for bi := b0; bi < b1; bi++ {
 			pc, pe := gemmBlock(k, g.nkb, bi), gemmBlock(k, g.nkb, bi+1)
-			packBPanels(g.pb[(pc-k0)*jp*nr:(pe-k0)*jp*nr], b, n, j0, cols, pc, pe-pc, nr)
+			packBOf(p, g.pb[(pc-k0)*jp*nr:(pe-k0)*jp*nr], b, j0, cols, pc, pe-pc, nr)
 		}
 		for ir := 0; ir < rows; ir += mr {
 			gemmRows(p, c, a, i0+ir, min(mr, rows-ir), 0, jp, b0, b1, g, kern)
@@ -422,17 +464,37 @@ func gemmRows[T float](p *mm, c, a []T, ci, nrow, jb0, jb1, b0, b1 int, g *gemmS
 	j0, cols, jp := g.j0, g.cols, g.jp
 	k0, k1 := gemmBlock(k, g.nkb, b0), gemmBlock(k, g.nkb, b1)
 	ap, lda, ak0 := a, k, ci*k // the kernel's A starts at ap[ak0+pc]
-	if nrow < mr {
+	if nrow < mr || p.ta {
 		for r := range mr {
 			dst := g.pa[r*g.lda : r*g.lda+k1-k0]
-			if r < nrow {
+			switch {
+			case r >= nrow:
+				clear(dst)
+			case !p.ta:
 				src := (ci + r) * k
 				copy(dst, a[src+k0:src+k1])
-			} else {
-				clear(dst)
 			}
 		}
+		if p.ta {
+			gatherA(g.pa, g.lda, a, p.m, ci, nrow, k0, k1)
+		}
 		ap, lda, ak0 = g.pa, g.lda, -k0
+	}
+	if p.tc {
+		// C is written transposed (row length m): a micro-tile sums every
+		// k block in edge, as C would, then goes to C's columns.
+		for jb := jb0; jb < jb1; jb++ {
+			cj := j0 + jb*nr
+			for bi := b0; bi < b1; bi++ {
+				pc, pe := gemmBlock(k, g.nkb, bi), gemmBlock(k, g.nkb, bi+1)
+				kk := pe - pc
+				_ = ap[ak0+pc+(mr-1)*lda+kk-1] // the kernel's last element of A
+				pb := g.pb[(pc-k0)*jp*nr : (pe-k0)*jp*nr]
+				kern.run(kk, &ap[ak0+pc], lda, &pb[jb*kk*nr], nr, &g.edge[0], nr, pc > 0)
+			}
+			transposeSIMD(c[cj*p.m+ci:], p.m, g.edge, nr, nrow, min(nr, j0+cols-cj))
+		}
+		return
 	}
 	for bi := b0; bi < b1; bi++ {
 		pc, pe := gemmBlock(k, g.nkb, bi), gemmBlock(k, g.nkb, bi+1)
@@ -471,6 +533,81 @@ func gemmRows[T float](p *mm, c, a []T, ci, nrow, jb0, jb1, b0, b1 int, g *gemmS
 					copy(dst, src)
 				}
 			}
+		}
+	}
+}
+
+// gatherA copies rows [ci, ci+nrow) and columns [k0, k1) of A, given as
+// its transpose at (row length m), to the rows of pa (row length lda).
+func gatherA[T float](pa []T, lda int, at []T, m, ci, nrow, k0, k1 int) {
+	transposeSIMD(pa, lda, at[k0*m+ci:], m, k1-k0, nrow)
+}
+
+// packBOf packs rows [pc, pc+kk) and columns [j0, j0+cols) of p's B into
+// panels of nr columns (see packBPanels), from B or from its transpose.
+func packBOf[T float](p *mm, dst, b []T, j0, cols, pc, kk, nr int) {
+	if p.tb {
+		packBPanelsT(dst, b, p.k, j0, cols, pc, kk, nr)
+		return
+	}
+	packBPanels(dst, b, p.n, j0, cols, pc, kk, nr)
+}
+
+// packBPanelsT is packBPanels from B's transpose bt (row length k): element
+// (q, s) of panel jb is bt[(j0+jb*nr+s)*k+pc+q].
+func packBPanelsT[T float](dst, bt []T, k, j0, cols, pc, kk, nr int) {
+	for jb := 0; jb*nr < cols; jb++ {
+		pan := dst[jb*nr*kk : (jb+1)*nr*kk]
+		w := min(nr, cols-jb*nr)
+		transposeSIMD(pan, nr, bt[(j0+jb*nr)*k+pc:], k, w, kk)
+		if w < nr {
+			for q := range kk {
+				clear(pan[q*nr+w : q*nr+nr])
+			}
+		}
+	}
+}
+
+// transposeSIMD writes the transpose of the rows×cols block at src (row
+// length lds) to dst (row length ldd): dst[j*ldd+i] = src[i*lds+j]. It
+// moves square blocks of 8 (float32) or 4 (float64) through vector
+// registers, the last ones of each way overlapping the ones before rather
+// than running past the edge; a block narrower than that is copied element
+// by element.
+func transposeSIMD[T float](dst []T, ldd int, src []T, lds, rows, cols int) {
+	if rows == 0 || cols == 0 {
+		return
+	}
+	_ = src[(rows-1)*lds+cols-1] // the last element read
+	_ = dst[(cols-1)*ldd+rows-1] // the last element written
+	bs := 32 / sizeOf[T]()
+	if rows < bs || cols < bs {
+		for i := range rows {
+			for j, v := range src[i*lds : i*lds+cols] {
+				dst[j*ldd+i] = v
+			}
+		}
+		return
+	}
+	full := cols / bs
+	for i := 0; ; i += bs {
+		i = min(i, rows-bs)
+		switch s, d := any(src[i*lds:]), any(dst[i:]); s := s.(type) {
+		case []float32:
+			d := d.([]float32)
+			transpose8x8(full, &s[0], lds, bs, &d[0], ldd, bs*ldd)
+			if cols%bs != 0 {
+				transpose8x8(1, &s[cols-bs], lds, 0, &d[(cols-bs)*ldd], ldd, 0)
+			}
+		case []float64:
+			d := d.([]float64)
+			transpose4x4d(full, &s[0], lds, bs, &d[0], ldd, bs*ldd)
+			if cols%bs != 0 {
+				transpose4x4d(1, &s[cols-bs], lds, 0, &d[(cols-bs)*ldd], ldd, 0)
+			}
+		}
+		if i == rows-bs {
+			return
 		}
 	}
 }

@@ -152,6 +152,9 @@ func checkKernels[T float](t *testing.T, s gemmShape, p mm, a, b []T, a64, b64 [
 				t.Errorf("%+v %d×%d: gemmShared gives other bits than gemmPacked", s, kern.mr, kern.nr)
 			}
 		}
+		if p.batch.n == 1 && p.batch.rank == 0 {
+			checkTransposed(t, s, p, a, b, got, kern)
+		}
 		if first == nil {
 			first = got
 		} else if !sameBits(first, got) {
@@ -207,4 +210,57 @@ func TestGemmSIMDSameBitsOnAnyCores(t *testing.T) {
 			}
 		})
 	}
+}
+
+// checkTransposed checks that every way of spreading the product p gives
+// the bits want with A, B or both given as their transposes, and with the
+// roles of A and B swapped where swapRoles swaps them.
+func checkTransposed[T float](t *testing.T, s gemmShape, p mm, a, b, want []T, kern gemmKernel[T]) {
+	t.Helper()
+	at, bt := flipped(a, p.m, p.k), flipped(b, p.k, p.n)
+	for _, tr := range [][2]bool{{true, false}, {false, true}, {true, true}} {
+		q := p
+		q.ta, q.tb = tr[0], tr[1]
+		x, y := a, b
+		if q.ta {
+			x = at
+		}
+		if q.tb {
+			y = bt
+		}
+		// B given transposed may run as Cᵀ = Bᵀ·Aᵀ, C written transposed.
+		sq := q
+		sx, sy := swapRoles(&sq, x, y)
+		ways := []struct {
+			name string
+			run  func(c []T)
+		}{
+			{"gemmPacked", func(c []T) { gemmPacked(q, c, x, y, kern) }},
+			{"gemmPacked swapped", func(c []T) { gemmPacked(sq, c, sx, sy, kern) }},
+			{"gemmTiles", func(c []T) { gemmTiles(&q, c, x, y, kern, 3) }},
+			{"gemmShared", func(c []T) { gemmShared(&q, c, x, y, kern, 3, false) }},
+			{"gemmShared on one core", func(c []T) { gemmShared(&q, c, x, y, kern, 1, false) }},
+		}
+		for _, w := range ways {
+			got := make([]T, len(want))
+			for i := range got {
+				got[i] = T(math.NaN())
+			}
+			w.run(got)
+			if !sameBits(got, want) {
+				t.Fatalf("%+v %d×%d transposed %v: %s gives other bits than the plain product", s, kern.mr, kern.nr, tr, w.name)
+			}
+		}
+	}
+}
+
+// flipped is the transpose of x, rows×cols.
+func flipped[T float](x []T, rows, cols int) []T {
+	y := make([]T, len(x))
+	for i := range rows {
+		for j := range cols {
+			y[j*rows+i] = x[i*cols+j]
+		}
+	}
+	return y
 }

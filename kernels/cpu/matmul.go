@@ -21,6 +21,11 @@ type mm struct {
 	// serial keeps the product on the calling goroutine: its caller
 	// already runs one product a core.
 	serial bool
+	// ta and tb say that A, B are given as their transposes (A as k×m, B
+	// as n×k, row-major), of a product without batch dims; tc that C is
+	// written as its transpose (n×m), which only gemmShared does (see
+	// swapRoles).
+	ta, tb, tc bool
 }
 
 // offsets returns the offsets, in elements, of batch t's A, B and C.
@@ -37,17 +42,28 @@ func (p *mm) offsets(t int) (oa, ob, oc int) {
 
 func execMatmul(b *Backend, op *kernels.Op, in, out []*kernels.Tensor) error {
 	x, z, y := in[0], in[1], out[0]
+	p, err := matmulOf(op, x, z, y, x.Shape, z.Shape)
+	if err != nil || y.Numel() == 0 {
+		return err
+	}
+	return runMatmul(b, op, &p, in, out)
+}
+
+// matmulOf checks the dtypes of x, z and y and the shapes as, bs of the
+// operands (x's and z's, or their transposes') against y's, and returns the
+// product.
+func matmulOf(op *kernels.Op, x, z, y *kernels.Tensor, as, bs []int) (mm, error) {
+	var p mm
 	if z.DType != x.DType {
-		return dtypeErr(op, "input", 1, z.DType)
+		return p, dtypeErr(op, "input", 1, z.DType)
 	}
 	if y.DType != x.DType {
-		return dtypeErr(op, "output", 0, y.DType)
+		return p, dtypeErr(op, "output", 0, y.DType)
 	}
-	as, bs, ys := x.Shape, z.Shape, y.Shape
+	ys := y.Shape
 	if len(as) == 0 || len(bs) == 0 {
-		return shapeErr(op, "matmul of a scalar")
+		return p, shapeErr(op, "matmul of a scalar")
 	}
-	var p mm
 	var ab, bb []int // batch dims
 	if len(as) == 1 {
 		p.m, p.k = 1, as[0]
@@ -61,7 +77,7 @@ func execMatmul(b *Backend, op *kernels.Op, in, out []*kernels.Tensor) error {
 		k2, p.n, bb = bs[len(bs)-2], bs[len(bs)-1], bs[:len(bs)-2]
 	}
 	if k2 != p.k {
-		return shapeErr(op, "inner dimensions of %v and %v differ", as, bs)
+		return p, shapeErr(op, "inner dimensions of %v and %v differ", as, bs)
 	}
 	// The output is the batch dims, then m unless A is a vector, then n
 	// unless B is a vector.
@@ -74,7 +90,7 @@ func execMatmul(b *Backend, op *kernels.Op, in, out []*kernels.Tensor) error {
 	}
 	if nb < 0 || nb != max(len(ab), len(bb)) ||
 		len(as) > 1 && ys[nb] != p.m || len(bs) > 1 && ys[len(ys)-1] != p.n {
-		return shapeErr(op, "%v times %v does not give %v", as, bs, ys)
+		return p, shapeErr(op, "%v times %v does not give %v", as, bs, ys)
 	}
 	yb := ys[:nb]
 	for j := range yb {
@@ -90,35 +106,124 @@ func execMatmul(b *Backend, op *kernels.Op, in, out []*kernels.Tensor) error {
 			want = db
 		}
 		if da != db && da != 1 && db != 1 || yb[j] != want {
-			return shapeErr(op, "batch dims of %v and %v do not broadcast to %v", as, bs, ys)
+			return p, shapeErr(op, "batch dims of %v and %v do not broadcast to %v", as, bs, ys)
 		}
 	}
 	var ok bool
 	if p.batch, ok = newBcast(yb, ab, bb); !ok {
-		return shapeErr(op, "batch dims of %v and %v do not broadcast to %v", as, bs, ys)
+		return p, shapeErr(op, "batch dims of %v and %v do not broadcast to %v", as, bs, ys)
 	}
+	return p, nil
+}
+
+// runMatmul computes the product p of in into out.
+func runMatmul(b *Backend, op *kernels.Op, p *mm, in, out []*kernels.Tensor) error {
+	x, z, y := in[0], in[1], out[0]
 	xd, zd, yd := data(x), data(z), data(y)
 	nx, nz, ny := x.Numel(), z.Numel(), y.Numel()
-	if ny == 0 {
-		return nil
-	}
 	switch x.DType {
 	case kernels.Float32:
-		matmulF32(&p, view[float32](yd, ny), view[float32](xd, nx), view[float32](zd, nz))
+		matmulF32(p, view[float32](yd, ny), view[float32](xd, nx), view[float32](zd, nz))
 	case kernels.Float64:
-		matmulF64(&p, view[float64](yd, ny), view[float64](xd, nx), view[float64](zd, nz))
+		matmulF64(p, view[float64](yd, ny), view[float64](xd, nx), view[float64](zd, nz))
 	case kernels.Int32:
-		matmulSimple(&p, view[int32](yd, ny), view[int32](xd, nx), view[int32](zd, nz))
+		matmulSimple(p, view[int32](yd, ny), view[int32](xd, nx), view[int32](zd, nz))
 	case kernels.Int64:
-		matmulSimple(&p, view[int64](yd, ny), view[int64](xd, nx), view[int64](zd, nz))
+		matmulSimple(p, view[int64](yd, ny), view[int64](xd, nx), view[int64](zd, nz))
 	case kernels.Uint8:
-		matmulSimple(&p, view[uint8](yd, ny), view[uint8](xd, nx), view[uint8](zd, nz))
+		matmulSimple(p, view[uint8](yd, ny), view[uint8](xd, nx), view[uint8](zd, nz))
 	case kernels.Float16, kernels.BFloat16:
+		if p.ta || p.tb {
+			return fmt.Errorf("%w: cpu: matmul of transposed %v operands", kernels.ErrNotImplemented, x.DType)
+		}
 		return b.viaF32(op, in, out)
 	default:
 		return dtypeErr(op, "input", 0, x.DType)
 	}
 	return nil
+}
+
+// ExecMatmulT runs matmul, as Exec does, of operands of which those that
+// trans marks are given as their transposes: in[i], of shape [c, r], stands
+// for the [r, c] operand that a permute [1, 0] of it would make. The
+// product reads them where they are, and its bits are those of the
+// permutes and the matmul one by one. Transposed operands must be 2-D and
+// float32 or float64 (the other operand 2-D too); for others, and for an
+// output that overlaps an input, it returns kernels.ErrNotImplemented,
+// doing nothing. It checks and fails as Exec does.
+func (b *Backend) ExecMatmulT(op *kernels.Op, trans [2]bool, in, out []*kernels.Tensor) (err error) {
+	if op == nil || op.Name != kernels.OpMatmul {
+		return fmt.Errorf("%w: cpu: transposed operands of an op other than matmul", kernels.ErrNotImplemented)
+	}
+	if len(in) != 2 || len(out) != 1 {
+		return fmt.Errorf("%w: cpu: matmul takes 2 inputs and 1 output, got %d and %d", kernels.ErrArity, len(in), len(out))
+	}
+	for i, t := range in {
+		if err := checkTensor(op, "input", i, t); err != nil {
+			return err
+		}
+	}
+	if err := checkTensor(op, "output", 0, out[0]); err != nil {
+		return err
+	}
+	x, z, y := in[0], in[1], out[0]
+	if x.DType != kernels.Float32 && x.DType != kernels.Float64 || len(x.Shape) != 2 || len(z.Shape) != 2 {
+		return fmt.Errorf("%w: cpu: matmul of transposed operands %v%v and %v%v (2-D float32 or float64 only)",
+			kernels.ErrNotImplemented, x.DType, x.Shape, z.DType, z.Shape)
+	}
+	if aliased(in, out) {
+		return fmt.Errorf("%w: cpu: matmul of transposed operands into one of them", kernels.ErrNotImplemented)
+	}
+	as, bs := x.Shape, z.Shape
+	if trans[0] {
+		as = []int{as[1], as[0]}
+	}
+	if trans[1] {
+		bs = []int{bs[1], bs[0]}
+	}
+	p, err := matmulOf(op, x, z, y, as, bs)
+	if err != nil || y.Numel() == 0 {
+		return err
+	}
+	// The transpose of a vector is the vector.
+	p.ta, p.tb = trans[0] && p.m > 1, trans[1] && p.n > 1
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("cpu: %s: internal error: %v", op.Name, r)
+		}
+	}()
+	return runMatmul(b, op, &p, in, out)
+}
+
+// plain returns the product p, which has transposed operands, and its
+// operands a and b with those copied into their plain layout, in pooled
+// scratch that h gives back.
+func plain[T number](p *mm, a, b []T) (q mm, pa, pb []T, h scratchHandles) {
+	flip := func(x []T, rows, cols int) []T {
+		buf, hd := getBytes(rows * cols * sizeOf[T]())
+		h = append(h, hd)
+		permuteBytes(buf, asBytes(x[:rows*cols]), sizeOf[T](), []int{rows, cols}, []int{1, 0})
+		return view[T](buf, rows*cols)
+	}
+	q = *p
+	if q.ta {
+		a = flip(a, q.k, q.m)
+	}
+	if q.tb {
+		b = flip(b, q.n, q.k)
+	}
+	q.ta, q.tb = false, false
+	return q, a, b, h
+}
+
+// scratchHandles are pooled scratch buffers to give back.
+type scratchHandles []*[]uint64
+
+// release gives the buffers back to the pool.
+func (h scratchHandles) release() {
+	for _, x := range h {
+		wordPool.Put(x)
+	}
 }
 
 // Blocking of the pure-Go packed float kernel (where the assembly path of
@@ -138,6 +243,12 @@ const (
 const smallMatmul = 1 << 15
 
 func matmulFloat[T float](p *mm, c, a, b []T, micro func(a, b, c []T, ldc int)) {
+	if p.ta || p.tb {
+		q, a, b, h := plain(p, a, b)
+		defer h.release()
+		matmulFloat(&q, c, a, b, micro)
+		return
+	}
 	if p.k == 0 {
 		clear(c)
 		return
@@ -387,6 +498,12 @@ func micro2x4g[T float](a, b, c []T, ldc int) {
 // integers (which wrap): each row of C accumulates rows of B scaled by A's
 // elements, k in order; a column vector B takes dot products.
 func matmulSimple[T number](p *mm, c, a, b []T) {
+	if p.ta || p.tb {
+		q, a, b, h := plain(p, a, b)
+		defer h.release()
+		matmulSimple(&q, c, a, b)
+		return
+	}
 	rows := p.batch.n * p.m
 	if w := split(rows, p.k*p.n); w > 1 && !p.serial {
 		pp := *p

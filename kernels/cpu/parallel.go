@@ -10,6 +10,13 @@ import (
 // runs on the calling goroutine.
 const parallelMin = 1 << 15
 
+// vecGrain is the number of float32 elements that the vector kernels
+// (elementwise_amd64.go) take in the time of one cheap element operation
+// of a Go loop, where the CPU has them: those ops spread over the cores
+// only when that much larger, starting goroutines costing more than the
+// work they would share.
+var vecGrain = 1
+
 // maxRank is the highest rank the backend handles.
 const maxRank = 16
 

@@ -676,8 +676,14 @@ func columnBlocks[T number, A float64 | int64](rd red, x []T, part []A, lo, hi, 
 					acc[j] *= A(v)
 				}
 			default:
-				for j, v := range row {
-					acc[j] += A(v)
+				n := 0
+				if r32, ok := any(row).([]float32); ok {
+					if a64, ok := any(acc).([]float64); ok {
+						n = addWidened(a64, r32) // on vectors where the CPU has them
+					}
+				}
+				for j, v := range row[n:] {
+					acc[n+j] += A(v)
 				}
 			}
 		}

@@ -138,7 +138,11 @@ func (b *Backend) unary(u unaryOp, op *kernels.Op, in, out []*kernels.Tensor) er
 }
 
 func unaryRun[T float](u unaryOp, x, y []T) {
-	if w := split(len(y), u.cost); w > 1 {
+	n := len(y)
+	if _, ok := any(y).([]float32); ok && (u.name == kernels.OpRelu || u.name == kernels.OpSign) {
+		n /= vecGrain // on vectors (reluF32, signF32)
+	}
+	if w := split(n, u.cost); w > 1 {
 		parallel(len(y), w, func(lo, hi int) { unaryFloat(u, x[lo:hi], y[lo:hi]) })
 		return
 	}
@@ -153,6 +157,10 @@ func unaryFloat[T float](u unaryOp, x, y []T) {
 			y[i] = -v
 		}
 	case kernels.OpRelu:
+		if x, ok := any(x).([]float32); ok {
+			reluF32(x, any(y).([]float32))
+			return
+		}
 		// max, not a branch: on data of random sign a branch is
 		// mispredicted half the time. NaN stays NaN.
 		for i, v := range x {
@@ -167,6 +175,10 @@ func unaryFloat[T float](u unaryOp, x, y []T) {
 			y[i] = T(math.Sqrt(float64(v)))
 		}
 	case kernels.OpSign:
+		if x, ok := any(x).([]float32); ok {
+			signF32(x, any(y).([]float32))
+			return
+		}
 		signFloat(x, y)
 	default:
 		f := u.fn
