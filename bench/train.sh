@@ -9,8 +9,10 @@
 # Environment: JF (jetfabric binary; built into bin/ if unset), PYTHON
 # (python3 with torch), CORES (the 2 cores of part 1, default 2,3),
 # XFER (memory or file: the broker's --xfer-storage of part 2, default
-# memory), PARTS ("cpu dp" by default), MODELS (of part 1, "mlp cnn"), DATA (the directory of the four
-# MNIST .gz files; default: the GoMNIST module in the Go module cache).
+# memory), PARTS ("cpu dp" by default), MODELS (of part 1, "mlp cnn"),
+# WORKER_CORES (of each worker of part 2, default 4; with fewer, the broker
+# and the client run on the cores left over), DATA (the directory of the
+# four MNIST .gz files; default: the GoMNIST module in the Go module cache).
 set -euo pipefail
 rounds=${1:-2}
 cores=${CORES:-2,3}
@@ -39,21 +41,26 @@ if [[ " $parts " == *" cpu "* ]]; then
 fi
 
 if [[ " $parts " == *" dp "* ]]; then
-  echo "== 2. data-parallel CNN, 128 examples a worker a step, 40 steps, workers of 4 cores, FABRIC_XFER on $xfer"
+  # Workers of WORKER_CORES cores each on the first cores; with fewer than
+  # 4 the broker and the training client get the cores left over.
+  wc=${WORKER_CORES:-4}
+  pin=()
+  if (( 4 * wc < $(nproc) )); then pin=(taskset -c "$((4 * wc))-$(($(nproc) - 1))"); fi
+  echo "== 2. data-parallel CNN, 128 examples a worker a step, 40 steps, workers of $wc cores${pin:+ (broker and client on cores $((4 * wc)) up)}, FABRIC_XFER on $xfer"
   store=$(mktemp -d); port=${PORT:-4333}
-  "$JF" broker --store "$store" --listen 127.0.0.1:$port --http "" --xfer-storage "$xfer" >"$store/broker.log" 2>&1 &
+  "${pin[@]}" "$JF" broker --store "$store" --listen 127.0.0.1:$port --http "" --xfer-storage "$xfer" >"$store/broker.log" 2>&1 &
   pids=($!)
   trap 'kill ${pids[@]} 2>/dev/null; wait 2>/dev/null; rm -rf "$store"' EXIT
   sleep 2
   for i in 0 1 2 3; do
-    GOMAXPROCS=4 taskset -c $((4*i))-$((4*i+3)) "$JF" worker --url nats://127.0.0.1:$port --devices cpu-$i --gpus none >"$store/w$i.log" 2>&1 &
+    GOMAXPROCS=$wc taskset -c $((wc*i))-$((wc*i+wc-1)) "$JF" worker --url nats://127.0.0.1:$port --devices cpu-$i --gpus none >"$store/w$i.log" 2>&1 &
     pids+=($!)
   done
   sleep 2
   for r in $(seq "$rounds"); do
-    one=$("$JF" train "${data[@]}" --url nats://127.0.0.1:$port --model cnn --devices cpu-0 --batch 128 --epochs 1 --limit 5120 --test-limit 1000 --json --progress 0 2>/dev/null | field samples_per_s step_ms)
-    four=$("$JF" train "${data[@]}" --url nats://127.0.0.1:$port --model cnn --devices cpu-0,cpu-1,cpu-2,cpu-3 --batch 512 --epochs 1 --limit 20480 --test-limit 1000 --json --progress 0 2>/dev/null | field samples_per_s step_ms)
-    whole=$("$JF" train "${data[@]}" --url nats://127.0.0.1:$port --model cnn --devices cpu-0,cpu-1,cpu-2,cpu-3 --batch 512 --epochs 1 --limit 20480 --test-limit 1000 --json --progress 0 --no-split 2>/dev/null | field samples_per_s step_ms)
+    one=$("${pin[@]}" "$JF" train "${data[@]}" --url nats://127.0.0.1:$port --model cnn --devices cpu-0 --batch 128 --epochs 1 --limit 5120 --test-limit 1000 --json --progress 0 2>/dev/null | field samples_per_s step_ms)
+    four=$("${pin[@]}" "$JF" train "${data[@]}" --url nats://127.0.0.1:$port --model cnn --devices cpu-0,cpu-1,cpu-2,cpu-3 --batch 512 --epochs 1 --limit 20480 --test-limit 1000 --json --progress 0 2>/dev/null | field samples_per_s step_ms)
+    whole=$("${pin[@]}" "$JF" train "${data[@]}" --url nats://127.0.0.1:$port --model cnn --devices cpu-0,cpu-1,cpu-2,cpu-3 --batch 512 --epochs 1 --limit 20480 --test-limit 1000 --json --progress 0 --no-split 2>/dev/null | field samples_per_s step_ms)
     "$py" -c 'import sys; a,b,c,d,e,f=map(float,sys.argv[1:7]); print(f"round {sys.argv[7]}: 1 worker {a:.0f} samples/s ({b:.1f} ms a step), 4 workers {c:.0f} samples/s ({d:.1f} ms a step): {c/a:.2f}x; --no-split {e:.0f} samples/s ({f:.1f} ms a step): {e/a:.2f}x")' $one $four $whole $r
   done
 fi
