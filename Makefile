@@ -23,7 +23,7 @@ TENANTS  ?= alice bob
 PROFILES := --profile cluster --profile tls --profile tenants
 
 .PHONY: all build build-gpu demo up up-cluster up-tls up-tenants certs tenants down ports up-embedded test test-race test-nocgo test-gpu vet fmt-check fuzz bench lint tidy clean tools mnist \
-	images compose-up compose-down test-e2e test-cluster bench-scale bench-train bench-train-host
+	images compose-up compose-down test-e2e test-cluster test-cluster-kills bench-scale bench-train bench-train-host
 
 all: build
 
@@ -131,6 +131,12 @@ test-cluster:
 ## test-e2e: the container tests: images, then compose projects of their own, removed after
 test-e2e: images
 	JETFABRIC_E2E=1 JETFABRIC_IMAGE=$(IMAGE) $(GO) test -count=1 -v -timeout 20m ./e2e
+
+## test-cluster-kills: the images, then the container test that kills the cluster profile's nodes
+## (docker kill) ten times in turn under a session of reads, alone and verbose: each kill's elections
+## and longest read, then the longest stall (JETFABRIC_RAFT_TIMERS=nats: nats-server's own raft timers)
+test-cluster-kills: images
+	JETFABRIC_E2E=1 JETFABRIC_IMAGE=$(IMAGE) $(GO) test -count=1 -v -run 'TestComposeClusterKills$$' -timeout 20m ./e2e
 
 ## bench-scale: the same 32 jobs through the job queue on 1, 2 and 4 CPU-only worker containers
 ## (all cores each, then one core each), jobs/s

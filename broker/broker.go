@@ -30,7 +30,10 @@ type Broker struct {
 
 	mu       sync.Mutex
 	shutdown bool
-	stops    []func() // see Attach
+	// raft: Start set nats-server's raft timers for this node
+	// (acquireRaftTimers); released once its server has shut down.
+	raft  bool
+	stops []func() // see Attach
 	// registryConn answers the tenants' registry requests (auth only).
 	registryConn *nats.Conn
 }
@@ -122,8 +125,8 @@ func serverOptions(cfg Config) (*server.Options, error) {
 	// A cluster node shuts down in lame duck mode: it hands the leadership
 	// of its streams, consumers and JetStream's meta group to the other
 	// nodes first (elections that would otherwise wait for the raft's
-	// election timeout, 4 to 9 s), then closes its clients over a few
-	// seconds, which reconnect to the others.
+	// election timeout, see RaftTimers), then closes its clients over a
+	// few seconds, which reconnect to the others.
 	opts.LameDuckDuration = 3 * time.Second
 	opts.LameDuckGracePeriod = time.Second
 	for _, u := range cfg.Users {
@@ -151,7 +154,24 @@ func serverOptions(cfg Config) (*server.Options, error) {
 
 // Start runs the server and returns once JetStream answers and the fabric's
 // stream and buckets exist, or ctx ends, or Config.ReadyTimeout passes.
+//
+// A cluster node first sets nats-server's raft timers to
+// Config.Cluster.Raft (see RaftTimers); it fails when another node of
+// this process runs with other timers.
 func (b *Broker) Start(ctx context.Context) error {
+	if b.cfg.Cluster.Name != "" {
+		var err error
+		b.mu.Lock()
+		if !b.raft && !b.shutdown {
+			if err = acquireRaftTimers(b.cfg.Cluster.raftTimers()); err == nil {
+				b.raft = true
+			}
+		}
+		b.mu.Unlock()
+		if err != nil {
+			return err
+		}
+	}
 	go b.srv.Start()
 	timeout := b.cfg.ReadyTimeout
 	if timeout <= 0 {
@@ -299,6 +319,7 @@ func (b *Broker) Shutdown(ctx context.Context) error {
 	stops := b.stops
 	b.stops = nil
 	rc := b.registryConn
+	raft := b.raft
 	b.mu.Unlock()
 	if rc != nil {
 		rc.Close()
@@ -315,6 +336,9 @@ func (b *Broker) Shutdown(ctx context.Context) error {
 		}
 		b.srv.Shutdown()
 		b.srv.WaitForShutdown()
+		if raft {
+			releaseRaftTimers()
+		}
 		close(done)
 	}()
 	select {

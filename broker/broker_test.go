@@ -148,6 +148,15 @@ func TestBadConfig(t *testing.T) {
 		"cluster in proc":  func(c *broker.Config) { c.InProcess = true; c.Cluster.Name = "c" },
 		"missing file":     func(c *broker.Config) { c.ConfigFile = "/nonexistent/nats.conf" },
 		"xfer storage 7":   func(c *broker.Config) { c.Provision.XferStorage = 7 },
+		"raft no cluster":  func(c *broker.Config) { c.Cluster.Raft = broker.NATSRaftTimers() },
+		"raft elects fast": func(c *broker.Config) {
+			c.Cluster.Name = "c"
+			c.Cluster.Raft = broker.RaftTimers{Heartbeat: time.Second, ElectionMin: time.Second, ElectionMax: 2 * time.Second}
+		},
+		"raft no spread": func(c *broker.Config) {
+			c.Cluster.Name = "c"
+			c.Cluster.Raft = broker.RaftTimers{Heartbeat: time.Second, ElectionMin: 4 * time.Second, ElectionMax: 4 * time.Second}
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			cfg := broker.DefaultConfig()

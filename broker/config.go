@@ -34,6 +34,19 @@ type ClusterConfig struct {
 	// only peers whose certificates CAFile's authorities signed. CAFile
 	// is required; Verify is implied.
 	TLS TLSConfig
+	// Raft are the timers of the cluster's raft groups: how soon the
+	// others elect a leader in place of one that died without handing
+	// over (see RaftTimers). Zero: DefaultRaftTimers. Every node of a
+	// cluster should use the same.
+	Raft RaftTimers
+}
+
+// raftTimers are the timers the node runs with.
+func (c ClusterConfig) raftTimers() RaftTimers {
+	if c.Raft == (RaftTimers{}) {
+		return DefaultRaftTimers()
+	}
+	return c.Raft
 }
 
 // TLSConfig is what a TLS listener presents and what it asks of the other
@@ -192,6 +205,14 @@ func (c Config) Validate() error {
 	}
 	if c.Cluster.TLS.Enabled() && c.Cluster.Name == "" {
 		return bad("route TLS without a cluster name")
+	}
+	if c.Cluster.Raft != (RaftTimers{}) {
+		if c.Cluster.Name == "" {
+			return bad("raft timers without a cluster name (a single node elects nothing)")
+		}
+		if err := c.Cluster.Raft.validate(); err != nil {
+			return err
+		}
 	}
 	if _, err := subjects.New(c.Prefix); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidConfig, err)

@@ -20,6 +20,11 @@
 //	defer b.Shutdown(context.Background())
 //	nc, err := nats.Connect(b.ClientURL())
 //
+// A cluster node sets nats-server's raft timers (ClusterConfig.Raft,
+// RaftTimers; nats-server has no option for them): by default the others
+// elect a new leader 1.5 to 3 s after a node dies without handing over,
+// where nats-server alone waits 4 to 9 s. The timers are process-wide.
+//
 // With Config.AuthDir (made by `jetfabric tenant init`, see package tenant)
 // the server runs in operator mode: clients authenticate with creds files,
 // tenants stay in their namespaces by subject permissions, each tenant

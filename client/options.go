@@ -61,10 +61,12 @@ func WithCallTimeout(d time.Duration) Option {
 // WithFailFast sets how long a read, sync or close goes on while the
 // fabric cannot be reached (no connection, no responders, no stream
 // leader, no quorum) before it fails with ErrUnavailable naming the cause
-// (default 2.75s; the checks are up to a second apart, each bounded by
-// 750 ms, so the call fails within 4.5 s of the fabric's silence). A
-// leader election after a node is killed takes 4 to 9 s: raise it to
-// ride those out.
+// (default 2.75s; the checks are up to a second apart, half a second
+// once it cannot, each bounded by 750 ms, so the call fails within 4.5 s
+// of the fabric's silence). The leader elections after a cluster node is killed take 1.5
+// to 3 s with the broker's raft timers (4 to 9 s with nats-server's own,
+// see broker.RaftTimers): raise it above those for calls that ride them
+// out.
 func WithFailFast(d time.Duration) Option {
 	return func(o *options) error {
 		if d < 100*time.Millisecond || d > time.Hour {

@@ -426,10 +426,11 @@ func (s *Session) Flush() {
 // acknowledgement (see publishLocked). If no answer has come after the
 // frame-check interval, call publishes it again asking for one (the same
 // Nats-Msg-Id: stored once): a refusal fails the call with ErrPublish;
-// once stored, call checks at growing intervals, up to a second apart,
-// that the stream still has a leader and the device a live worker, and
-// publishes op again (its answer lost on the way) when this connection
-// reconnected or the worker has applied the frame with no answer here. When
+// once stored, call checks at growing intervals, up to a second apart
+// (half a second while the fabric does not answer), that the stream still
+// has a leader and the device a live worker, and publishes op again (its
+// answer lost on the way) when this connection reconnected or the worker
+// has applied the frame with no answer here. When
 // the fabric cannot be reached (no connection, no responders, no leader,
 // no quorum) for the fail-fast time, the call fails with ErrUnavailable
 // naming the cause, and the frame goes on being published in the
@@ -541,6 +542,9 @@ func (s *Session) call(ctx context.Context, op codec.Op) (*codec.Result, error) 
 				}
 			}
 			wait = min(2*wait, maxFrameCheck)
+			if !trouble.IsZero() {
+				wait = min(wait, troubleCheck)
+			}
 			check.Reset(wait)
 		case <-ctx.Done():
 			if !stored {
@@ -588,6 +592,12 @@ func (s *Session) drain(ch <-chan *codec.Result) *codec.Result {
 // maxFrameCheck bounds the wait between two checks of a call: a check
 // that finds the fabric unreachable starts the fail-fast clock.
 const maxFrameCheck = time.Second
+
+// troubleCheck bounds the wait between two checks of a call while the
+// fabric does not answer it: the call goes on within troubleCheck of the
+// stream's new leader (elected 1.5 to 3 s after its node died, with the
+// broker's raft timers), not within maxFrameCheck.
+const troubleCheck = 500 * time.Millisecond
 
 // refusedError is a stream's refusal of a frame.
 type refusedError struct{ err error }

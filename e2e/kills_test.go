@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -33,9 +34,19 @@ func TestComposeClusterKills(t *testing.T) {
 	needE2E(t)
 	p := newProject(t)
 	p.compose("--profile", "cluster", "up", "-d", "n1", "n2", "n3", "worker-cluster")
-	natsOpts := client.WithNATSOptions(nats.IgnoreDiscoveredServers(), nats.RetryOnFailedConnect(true))
+	var (
+		mu         sync.Mutex
+		reconnects []time.Time // of the session's connection
+	)
+	natsOpts := client.WithNATSOptions(nats.IgnoreDiscoveredServers(), nats.RetryOnFailedConnect(true),
+		nats.ReconnectHandler(func(*nats.Conn) {
+			mu.Lock()
+			reconnects = append(reconnects, time.Now())
+			mu.Unlock()
+		}))
 	// Elections after a killed leader wait for the raft's election timeout
-	// (4 to 9 s): the reads ride them out here.
+	// (1.5 to 3 s with the broker's raft timers, 4 to 9 s with
+	// JETFABRIC_RAFT_TIMERS=nats): the reads ride them out here.
 	c, err := client.Connect(p.clusterURL(), natsOpts, client.WithFailFast(30*time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -59,10 +70,12 @@ func TestComposeClusterKills(t *testing.T) {
 	}
 
 	var (
-		mu      sync.Mutex
 		reads   int
 		stall   time.Duration
 		loadErr error
+		// The longest read since the last kill, and when it ended.
+		window    time.Duration
+		windowEnd time.Time
 	)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -91,6 +104,9 @@ func TestComposeClusterKills(t *testing.T) {
 				return
 			}
 			reads, stall = k, max(stall, took)
+			if took > window {
+				window, windowEnd = took, time.Now()
+			}
 			mu.Unlock()
 		}
 	})
@@ -125,10 +141,32 @@ func TestComposeClusterKills(t *testing.T) {
 		if len(ids) != 1 {
 			t.Fatalf("container of %s: %v", node, ids)
 		}
+		mu.Lock()
+		window = 0
+		mu.Unlock()
+		watch := p.watchRecovery(node, device)
+		killed := time.Now()
 		if out, err := exec.Command("docker", "kill", ids[0]).CombinedOutput(); err != nil {
 			t.Fatalf("docker kill %s: %v\n%s", node, err, out)
 		}
+		killTook := time.Since(killed)
 		progress(fmt.Sprintf("%s (%s) killed", what, node))
+		rec := <-watch
+		mu.Lock()
+		longest, ended := window, windowEnd.Sub(killed)
+		reconnected := "no reconnect"
+		for _, at := range reconnects {
+			if at.After(killed) {
+				reconnected = fmt.Sprintf("reconnected after %v", at.Sub(killed).Round(10*time.Millisecond))
+				break
+			}
+		}
+		mu.Unlock()
+		t.Logf("%s (%s; docker kill took %v): %v; the session's connection: %s; the longest read since: %v, ending %v after the kill",
+			what, node, killTook.Round(10*time.Millisecond), rec, reconnected, longest.Round(10*time.Millisecond), ended.Round(10*time.Millisecond))
+		if out, err := exec.Command("docker", "logs", "-t", "--since", killed.Add(-time.Second).Format(time.RFC3339Nano), p.containers("worker-cluster")[0]).CombinedOutput(); err == nil && len(out) > 0 {
+			t.Logf("the worker's log since:\n%s", out)
+		}
 		p.compose("--profile", "cluster", "start", node)
 		replicated(t, js, "FABRIC_OPS")
 		progress(fmt.Sprintf("%s (%s) back", what, node))
@@ -272,6 +310,86 @@ func badSubjects(t *testing.T, nc *nats.Conn, js jetstream.JetStream) {
 	}
 }
 
+// recovery is when, after a node was killed, the others first showed a
+// JetStream meta leader, leaders of the op stream and of the control
+// bucket, and a consumer of the device, each on a live node (0: not within
+// the watch).
+type recovery struct {
+	meta, ops, ctrl, consumer time.Duration
+}
+
+func (r recovery) String() string {
+	show := func(d time.Duration) string {
+		if d == 0 {
+			return "not seen"
+		}
+		return max(d, 10*time.Millisecond).Round(10 * time.Millisecond).String()
+	}
+	return fmt.Sprintf("meta leader after %s, op stream leader after %s, control bucket leader after %s, the device's consumer after %s",
+		show(r.meta), show(r.ops), show(r.ctrl), show(r.consumer))
+}
+
+// watchRecovery polls the monitoring endpoints of the nodes other than
+// killed, from now, for a minute at most, and sends what it saw.
+func (p *project) watchRecovery(killed, device string) <-chan recovery {
+	out := make(chan recovery, 1)
+	var ports []int
+	for i, n := range []string{"n1", "n2", "n3"} {
+		if n != killed {
+			ports = append(ports, p.ports[fmt.Sprintf("JETFABRIC_N%d_HTTP_PORT", i+1)])
+		}
+	}
+	start := time.Now()
+	hc := &http.Client{Timeout: time.Second}
+	go func() {
+		var r recovery
+		seen := func(d *time.Duration) {
+			if *d == 0 {
+				*d = time.Since(start)
+			}
+		}
+		for time.Since(start) < time.Minute && (r.meta == 0 || r.ops == 0 || r.ctrl == 0 || r.consumer == 0) {
+			for _, port := range ports {
+				resp, err := hc.Get(fmt.Sprintf("http://127.0.0.1:%d/jsz?accounts=true&streams=true&consumers=true", port))
+				if err != nil {
+					continue
+				}
+				var jsz server.JSInfo
+				err = json.NewDecoder(resp.Body).Decode(&jsz)
+				resp.Body.Close()
+				if err != nil {
+					continue
+				}
+				live := func(ci *server.ClusterInfo) bool { return ci != nil && ci.Leader != "" && ci.Leader != killed }
+				if jsz.Meta != nil && jsz.Meta.Leader != "" && jsz.Meta.Leader != killed {
+					seen(&r.meta)
+				}
+				for _, a := range jsz.AccountDetails {
+					for _, sd := range a.Streams {
+						switch {
+						case sd.Name == "FABRIC_OPS" && live(sd.Cluster):
+							seen(&r.ops)
+						case sd.Name == "KV_FABRIC_CTRL" && live(sd.Cluster):
+							seen(&r.ctrl)
+						}
+						if sd.Name != "FABRIC_OPS" {
+							continue
+						}
+						for _, ci := range sd.Consumer {
+							if strings.HasPrefix(ci.Name, device+"_") && ci.PushBound && live(ci.Cluster) {
+								seen(&r.consumer)
+							}
+						}
+					}
+				}
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		out <- r
+	}()
+	return out
+}
+
 // metaLeader asks a node's monitoring endpoint which node leads JetStream.
 func (p *project) metaLeader(t *testing.T) string {
 	t.Helper()
@@ -300,7 +418,8 @@ func (p *project) metaLeader(t *testing.T) string {
 	}
 }
 
-// consumerNode is the node holding device's consumer of FABRIC_OPS.
+// consumerNode is the node holding device's consumer of FABRIC_OPS: the
+// one its worker reads.
 func consumerNode(t *testing.T, js jetstream.JetStream, device string) string {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
@@ -309,7 +428,9 @@ func consumerNode(t *testing.T, js jetstream.JetStream, device string) string {
 		st, err := js.Stream(ctx, "FABRIC_OPS")
 		if err == nil {
 			for ci := range st.ListConsumers(ctx).Info() {
-				if strings.HasPrefix(ci.Name, device+"_") && ci.Cluster != nil && ci.Cluster.Leader != "" {
+				// The worker's consumer, not one it left behind (a consumer
+				// that could not be deleted goes by its inactive threshold).
+				if strings.HasPrefix(ci.Name, device+"_") && ci.PushBound && ci.Cluster != nil && ci.Cluster.Leader != "" {
 					cancel()
 					return ci.Cluster.Leader
 				}

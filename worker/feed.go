@@ -47,6 +47,12 @@ type feed struct {
 	// asked counts the times watch asked the server about the consumer.
 	asked atomic.Int64
 	tries int // consumers created, for unique names; loop only
+	// again is the consumer a try that timed out asked for, asked for
+	// again by the next try; loop only.
+	again struct{ name, inbox string }
+	// reconnects is the connection's reconnect count when the loop last
+	// looked (see moved); loop only.
+	reconnects uint64
 
 	// deliver is held while a frame is handled, so that frames from an
 	// old consumer and its successor never overlap or cross.
@@ -91,7 +97,8 @@ func startFeed(ctx context.Context, js jetstream.JetStream, stream string, filte
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),
 	}
-	if err := f.open(ctx); err != nil {
+	f.reconnects = js.Conn().Stats().Reconnects
+	if err := f.open(ctx, feedCreateTimeout); err != nil {
 		return nil, err
 	}
 	go f.loop()
@@ -109,18 +116,26 @@ func (f *feed) Done() <-chan struct{} { return f.done }
 func (f *feed) Err() error { return f.err }
 
 // open creates the consumer of the current serial (renew moved it on),
-// starting after the last frame handled, and consumes it.
-func (f *feed) open(ctx context.Context) error {
+// starting after the last frame handled, and consumes it, giving the
+// server timeout to create it.
+func (f *feed) open(ctx context.Context, timeout time.Duration) error {
 	f.mu.Lock()
 	serial, from := f.serial, f.sseq
 	f.dseq = 0
 	f.mu.Unlock()
-	f.tries++
+	// A name of its own each consumer. A try that timed out may have been
+	// made all the same: the next one asks for the same consumer again
+	// (name, delivery subject and start), which the server then answers
+	// with the one it made, not a second one.
+	name, inbox := f.again.name, f.again.inbox
+	f.again.name, f.again.inbox = "", ""
+	if name == "" {
+		f.tries++
+		name, inbox = fmt.Sprintf("%s_%d", f.prefix, f.tries), nats.NewInbox()
+	}
 	cfg := jetstream.ConsumerConfig{
-		// A name of its own each try: a create that timed out may have
-		// been made all the same.
-		Name:              fmt.Sprintf("%s_%d", f.prefix, f.tries),
-		DeliverSubject:    nats.NewInbox(),
+		Name:              name,
+		DeliverSubject:    inbox,
 		DeliverPolicy:     jetstream.DeliverAllPolicy,
 		AckPolicy:         jetstream.AckNonePolicy,
 		FlowControl:       true,
@@ -137,10 +152,13 @@ func (f *feed) open(ctx context.Context) error {
 	if from > 0 {
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from+1
 	}
-	cctx, cancel := context.WithTimeout(ctx, feedCreateTimeout)
+	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	c, err := f.js.CreateOrUpdatePushConsumer(cctx, f.stream, cfg)
 	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			f.again.name, f.again.inbox = name, inbox
+		}
 		return fmt.Errorf("consumer %s on %s: %w", cfg.Name, strings.Join(f.filters, " "), err)
 	}
 	cc, err := c.Consume(func(m jetstream.Msg) { f.handle(serial, m) },
@@ -162,6 +180,30 @@ func (f *feed) open(ctx context.Context) error {
 
 // feedCreateTimeout bounds one try at creating a consumer.
 const feedCreateTimeout = 3 * time.Second
+
+// feedQuickTry bounds each try at creating the consumer again during
+// the first feedQuickFor. A consumer lost with its node is often lost
+// with JetStream's meta leader, which creates consumers: a request sent
+// before the others have elected a new one (1.5 to 3 s after the node
+// died with the broker's raft timers, 4 to 9 s with nats-server's own)
+// gets no answer at all, and the next try should go soon after the
+// election, not a whole feedCreateTimeout after the request. Later tries
+// get feedCreateTimeout, for a meta leader that answers, but slowly (a
+// try that timed out is asked for again, so a slow answer does not make
+// a consumer for every try).
+const (
+	feedQuickTry = time.Second
+	feedQuickFor = 10 * time.Second
+)
+
+// createTimeout bounds a try at creating the consumer again, made
+// elapsed after the first.
+func createTimeout(elapsed time.Duration) time.Duration {
+	if elapsed < feedQuickFor {
+		return feedQuickTry
+	}
+	return feedCreateTimeout
+}
 
 // handle runs one frame of consumer serial if it is the next one, handing
 // the handler its delivery metadata.
@@ -205,10 +247,10 @@ func (f *feed) renew(serial int) {
 }
 
 // feedRecreate bounds the time the feed tries to create its consumer
-// again, with waits from feedRetryMin doubling to feedRetryMax between
-// tries, riding out a leader election of the stream or of JetStream. A
-// device whose consumer cannot be created again in that time is taken
-// over again instead.
+// again, with tries from feedRetryMin doubling to feedRetryMax apart (a
+// try that timed out waited its part already), riding out a leader
+// election of the stream or of JetStream. A device whose consumer cannot
+// be created again in that time is taken over again instead.
 const (
 	feedRecreate  = 30 * time.Second
 	feedRetryMin  = 100 * time.Millisecond
@@ -228,7 +270,7 @@ func (f *feed) loop() {
 			f.end(nil)
 			return
 		case <-tick.C:
-			f.watch()
+			f.watch(f.moved())
 			continue
 		case <-f.reset:
 		}
@@ -237,14 +279,18 @@ func (f *feed) loop() {
 		old, name := f.current, f.name
 		f.mu.Unlock()
 		old.Stop()
-		f.remove(name)
 		var err error
 		wait, start := feedRetryMin, time.Now()
 		for try := 1; ; try++ {
-			if err = f.open(context.Background()); err == nil {
+			began := time.Now()
+			if err = f.open(context.Background(), createTimeout(began.Sub(start))); err == nil {
 				if try > 1 {
 					f.logf("worker: %s: consumer created again after %d tries in %v", f.device, try, time.Since(start).Round(time.Millisecond))
 				}
+				// The old consumer goes once the new one runs: its node
+				// may be the one that died, and a delete sent there gets
+				// no answer before feedDeleteMax.
+				f.remove(name)
 				break
 			}
 			if try == 1 || try%5 == 0 {
@@ -258,19 +304,32 @@ func (f *feed) loop() {
 			case <-f.stop:
 				f.end(nil)
 				return
-			case <-time.After(wait):
+			case <-time.After(wait - time.Since(began)):
 			}
 			wait = min(2*wait, feedRetryMax)
 		}
 	}
 }
 
+// moved reports whether the connection reconnected since the loop last
+// looked. Frames the consumer pushed while it moved to another server
+// (its server killed) are lost on the way, and nothing else shows it
+// before the next frame comes, which the client may not send before its
+// read, in the lost frame, is answered.
+func (f *feed) moved() bool {
+	n := f.js.Conn().Stats().Reconnects
+	moved := n != f.reconnects
+	f.reconnects = n
+	return moved
+}
+
 // watch asks the server about the consumer when no frame has come for
-// feedStall and none is running: one that cannot be reached, has frames
-// pending that it does not deliver, or delivered frames that never came,
-// is created again after the last frame handled.
-func (f *feed) watch() {
-	if f.busy.Load() || time.Since(time.Unix(0, f.lastAt.Load())) < feedStall {
+// feedStall, or the connection moved, and none is running: one that
+// cannot be reached, has frames pending that it does not deliver, or
+// delivered frames that never came, is created again after the last
+// frame handled.
+func (f *feed) watch(moved bool) {
+	if f.busy.Load() || !moved && time.Since(time.Unix(0, f.lastAt.Load())) < feedStall {
 		return
 	}
 	f.mu.Lock()
@@ -279,7 +338,14 @@ func (f *feed) watch() {
 	if cc == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*feedHeartbeat)
+	// After a move the consumer's own server may be the one that died:
+	// the question then goes unanswered, and the missing heartbeats call
+	// for a new consumer 2 s after the last, which waits for this.
+	timeout := 2 * feedHeartbeat
+	if moved {
+		timeout = feedHeartbeat
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	f.asked.Add(1)
 	c, err := f.js.PushConsumer(ctx, f.stream, name)

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -70,5 +71,98 @@ func TestIdleDeviceKeepsItsConsumer(t *testing.T) {
 	})
 	if n := idle.m.renewals.Load(); n != 0 {
 		t.Fatalf("the idle device's consumer was created again %d times", n)
+	}
+}
+
+// TestFeedAsksAgainForATimedOutConsumer: a try at creating the consumer
+// that timed out may have been made all the same (a meta leader that
+// answers late); the next try asks for the same consumer, which the
+// server answers with the one it made, so that slow answers do not leave
+// a consumer behind for every try. After a try that failed otherwise,
+// the next asks for a new one.
+func TestFeedAsksAgainForATimedOutConsumer(t *testing.T) {
+	b := brokertest.Run(t)
+	nc, err := nats.Connect(b.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	names := subjects.Default()
+	var m metrics
+	f, err := startFeed(ctx, js, names.OpsStream(), []string{names.OpsDevice("cpu-7")}, "cpu-7", 0, func(jetstream.Msg, *jetstream.MsgMetadata) {}, &m, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { f.Stop(); <-f.Done() }()
+	consumers := func() []string {
+		t.Helper()
+		st, err := js.Stream(ctx, names.OpsStream())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		l := st.ListConsumers(ctx)
+		for ci := range l.Info() {
+			out = append(out, ci.Name)
+		}
+		if err := l.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	first := f.name
+
+	// The loop's part, by hand: the old consumer stopped, a try that
+	// times out before an answer.
+	f.mu.Lock()
+	f.serial++
+	old := f.current
+	f.mu.Unlock()
+	old.Stop()
+	if err := f.open(ctx, time.Nanosecond); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a try with no time: %v, want a timeout", err)
+	}
+	timedOut := f.again.name
+	if timedOut == "" || timedOut == first {
+		t.Fatalf("the timed-out try's consumer %q is not remembered (the first was %q)", timedOut, first)
+	}
+	// The server made it all the same.
+	if _, err := js.CreateOrUpdatePushConsumer(ctx, names.OpsStream(), jetstream.ConsumerConfig{
+		Name: timedOut, DeliverSubject: f.again.inbox, DeliverPolicy: jetstream.DeliverAllPolicy, AckPolicy: jetstream.AckNonePolicy,
+		FlowControl: true, IdleHeartbeat: feedHeartbeat, InactiveThreshold: 30 * time.Second, MemoryStorage: true, Replicas: 1,
+		FilterSubject: names.OpsDevice("cpu-7"),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.open(ctx, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if f.name != timedOut {
+		t.Fatalf("the try after a timeout made consumer %q, want %q asked for again", f.name, timedOut)
+	}
+	f.remove(first)
+	if got := consumers(); len(got) != 1 || got[0] != timedOut {
+		t.Fatalf("consumers %v, want only %s", got, timedOut)
+	}
+
+	// A try refused (not timed out): the next asks for a new consumer.
+	f.mu.Lock()
+	f.serial++
+	old = f.current
+	f.mu.Unlock()
+	old.Stop()
+	f.stream = "NO_SUCH_STREAM"
+	if err := f.open(ctx, 10*time.Second); err == nil || errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a try on a missing stream: %v, want a refusal", err)
+	}
+	f.stream = names.OpsStream()
+	if err := f.open(ctx, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if f.name == timedOut || f.again.name != "" {
+		t.Fatalf("after a refusal the next try asked for %q again", f.name)
 	}
 }

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -125,6 +126,9 @@ func (l *lease) renew(ctx context.Context) error {
 	}
 	val, _ := json.Marshal(leaseValue{Worker: l.worker, Acquired: time.Now().UTC()})
 	rev, err := l.put(ctx, val, l.rev)
+	if err != nil && isWrongSequence(err) && l.reclaim(ctx) {
+		rev, err = l.put(ctx, val, l.rev)
+	}
 	if err != nil {
 		if isWrongSequence(err) {
 			l.rev = 0
@@ -136,6 +140,51 @@ func (l *lease) renew(ctx context.Context) error {
 	return nil
 }
 
+// reclaimTimeout bounds reclaim's read of the lease.
+const reclaimTimeout = 2 * time.Second
+
+// reclaim handles a write refused because the lease's last revision is
+// not l.rev: it reads the lease from the control bucket's leader, and
+// when that holds this worker's value at a later revision, that revision
+// is l.rev and reclaim reports true. Such a revision is a renewal whose
+// answer was lost, stored all the same (the stream's leader died with the
+// answer in flight, or stored it after the renewal timed out): the lease
+// is still this worker's, and no other worker wrote it since. Anything
+// else (another worker's value, the key deleted, no answer within
+// reclaimTimeout) reports false. l.mu is held.
+func (l *lease) reclaim(ctx context.Context) bool {
+	// A time of its own: the refused write may have used up the caller's
+	// (a renewal has a lease TTL in all), and the leader that refused it
+	// answers at once.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reclaimTimeout)
+	defer cancel()
+	stream := l.names.CtrlStream()
+	req, _ := json.Marshal(map[string]string{"last_by_subj": l.names.CtrlSubject(subjects.LeaseKey(l.device))})
+	// STREAM.MSG.GET, which the stream's leader answers: a direct get
+	// (kv.Get) may be answered by a replica that has not caught up.
+	m, err := l.js.Conn().RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, req)
+	if err != nil {
+		return false
+	}
+	var r struct {
+		Message *struct {
+			Seq  uint64 `json:"seq"`
+			Data []byte `json:"data"`
+			Hdrs []byte `json:"hdrs"`
+		} `json:"message"`
+	}
+	if json.Unmarshal(m.Data, &r) != nil || r.Message == nil || r.Message.Seq <= l.rev ||
+		bytes.Contains(r.Message.Hdrs, []byte("KV-Operation")) { // a delete or purge marker
+		return false
+	}
+	var held leaseValue
+	if json.Unmarshal(r.Message.Data, &held) != nil || held.Worker != l.worker {
+		return false
+	}
+	l.rev = r.Message.Seq
+	return true
+}
+
 // write puts value under key in the control bucket, fenced on the lease:
 // the server refuses it unless the lease's last revision is still ours.
 func (l *lease) write(ctx context.Context, key string, value []byte) error {
@@ -144,8 +193,15 @@ func (l *lease) write(ctx context.Context, key string, value []byte) error {
 	if l.rev == 0 {
 		return ErrLeaseLost
 	}
-	_, err := l.js.PublishMsg(ctx, &nats.Msg{Subject: l.names.CtrlSubject(key), Data: value},
-		jetstream.WithExpectLastSequenceForSubject(l.rev, l.names.CtrlSubject(subjects.LeaseKey(l.device))))
+	write := func() error {
+		_, err := l.js.PublishMsg(ctx, &nats.Msg{Subject: l.names.CtrlSubject(key), Data: value},
+			jetstream.WithExpectLastSequenceForSubject(l.rev, l.names.CtrlSubject(subjects.LeaseKey(l.device))))
+		return err
+	}
+	err := write()
+	if err != nil && isWrongSequence(err) && l.reclaim(ctx) {
+		err = write()
+	}
 	if err != nil {
 		if isWrongSequence(err) {
 			l.rev = 0

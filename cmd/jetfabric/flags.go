@@ -26,6 +26,7 @@ type brokerFlags struct {
 	maxPayload                        int
 	users                             userList
 	cluster, clusterListen, routes    string
+	raftTimers                        string
 	replicas                          int
 	logs                              bool
 	xferStorage                       string
@@ -46,6 +47,8 @@ func (f *brokerFlags) register(fs *flag.FlagSet, listen string) {
 	fs.StringVar(&f.cluster, "cluster", "", "cluster name; set to join a JetStream cluster")
 	fs.StringVar(&f.clusterListen, "cluster-listen", "0.0.0.0:6222", "route listener host:port, with -cluster")
 	fs.StringVar(&f.routes, "routes", "", "comma-separated nats://host:port of every cluster node, with -cluster")
+	fs.StringVar(&f.raftTimers, "raft-timers", "", "with -cluster: the raft's heartbeat,election-min,election-max, how soon the others replace a leader that died without handing over (empty or default: "+
+		broker.DefaultRaftTimers().String()+"; nats: nats-server's own, "+broker.NATSRaftTimers().String()+")")
 	fs.IntVar(&f.replicas, "replicas", 1, "replicas of the stream and buckets (3 in a cluster)")
 	fs.BoolVar(&f.logs, "logs", false, "print the NATS server's own log")
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "PEM certificate of the client listener (jetfabric certs writes one): clients must then use TLS; with -cluster the routes use it too, under mutual TLS")
@@ -100,6 +103,13 @@ func (f *brokerFlags) brokerConfig() (broker.Config, error) {
 		if f.routes != "" {
 			cfg.Cluster.Routes = strings.Split(f.routes, ",")
 		}
+		if f.raftTimers != "" {
+			if cfg.Cluster.Raft, err = broker.ParseRaftTimers(f.raftTimers); err != nil {
+				return cfg, fmt.Errorf("-raft-timers: %w", err)
+			}
+		}
+	} else if f.raftTimers != "" {
+		return cfg, fmt.Errorf("-raft-timers %q without -cluster: a single broker elects nothing", f.raftTimers)
 	}
 	return cfg, cfg.Validate()
 }

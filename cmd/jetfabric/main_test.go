@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"flag"
 	"os"
 	"os/exec"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jetfabric/jetfabric/broker"
 	"github.com/jetfabric/jetfabric/broker/brokertest"
 	"github.com/jetfabric/jetfabric/client"
 )
@@ -166,6 +168,10 @@ func TestBadCommandLines(t *testing.T) {
 		{[]string{"broker", "--store", "x", "--listen", "nocolon"}, 1, "-listen"},
 		{[]string{"broker", "--store", "x", "--user", "nopassword"}, 2, "name:password"},
 		{[]string{"broker", "--store", "x", "--xfer-storage", "tape"}, 1, "want file or memory"},
+		{[]string{"broker", "--store", "x", "--raft-timers", "nats"}, 1, "without -cluster"},
+		{[]string{"broker", "--store", "x", "--cluster", "c", "--raft-timers", "1s,2s"}, 1, "want heartbeat,election-min,election-max"},
+		{[]string{"broker", "--store", "x", "--cluster", "c", "--raft-timers", "1s,2s,3s"}, 1, "at least 3 heartbeats"},
+		{[]string{"up", "--store", "x", "--cluster", "c", "--raft-timers", "250ms,2s,2s"}, 1, "must be longer than the shortest"},
 		{[]string{"worker", "--cpus", "0"}, 1, "-cpus 0"},
 		{[]string{"worker", "--devices", "cpu.0"}, 1, "forbidden character"},
 		{[]string{"devices", "--url", "nats://127.0.0.1:1"}, 1, "nothing listens at nats://127.0.0.1:1: start a broker"},
@@ -242,6 +248,32 @@ func TestParseBudget(t *testing.T) {
 	for n, want := range map[int64]string{0: "0B", 1023: "1023B", 1536: "1.5K", 20 << 20: "20M", 3 << 30: "3.0G"} {
 		if got := byteText(n); got != want {
 			t.Errorf("byteText(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
+
+// TestRaftTimersFlag: -raft-timers reaches a cluster node's configuration;
+// without it the node gets the broker's default (a zero Raft).
+func TestRaftTimersFlag(t *testing.T) {
+	for value, want := range map[string]broker.RaftTimers{
+		"":            {},
+		"default":     broker.DefaultRaftTimers(),
+		"nats":        broker.NATSRaftTimers(),
+		"500ms,2s,4s": {Heartbeat: 500 * time.Millisecond, ElectionMin: 2 * time.Second, ElectionMax: 4 * time.Second},
+	} {
+		fs := flag.NewFlagSet("broker", flag.ContinueOnError)
+		var bf brokerFlags
+		bf.register(fs, "127.0.0.1:4222")
+		args := []string{"--store", t.TempDir(), "--cluster", "c", "--routes", "nats://127.0.0.1:6222"}
+		if value != "" {
+			args = append(args, "--raft-timers", value)
+		}
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := bf.brokerConfig()
+		if err != nil || cfg.Cluster.Raft != want {
+			t.Errorf("-raft-timers %q: %+v, %v; want %+v", value, cfg.Cluster.Raft, err, want)
 		}
 	}
 }
