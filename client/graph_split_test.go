@@ -6,7 +6,6 @@ import (
 	"errors"
 	"math/rand/v2"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -15,7 +14,6 @@ import (
 	"github.com/jetfabric/jetfabric/client"
 	"github.com/jetfabric/jetfabric/codec"
 	"github.com/jetfabric/jetfabric/kernels"
-	"github.com/jetfabric/jetfabric/worker"
 	"github.com/jetfabric/jetfabric/worker/workertest"
 )
 
@@ -40,27 +38,6 @@ func inferOp(op *codec.Op, in []codec.Placeholder) ([]codec.Placeholder, error) 
 	return ph, nil
 }
 
-// heldBytes is the tensor memory device holds on w, from its metrics.
-func heldBytes(t *testing.T, w *worker.Worker, device string) float64 {
-	t.Helper()
-	var b strings.Builder
-	if err := w.WriteMetrics(&b); err != nil {
-		t.Fatal(err)
-	}
-	prefix := `jetfabric_device_tensor_bytes{device="` + device + `"} `
-	for line := range strings.Lines(b.String()) {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), prefix); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return f
-		}
-	}
-	t.Fatalf("no %s in the metrics", prefix)
-	return 0
-}
-
 // TestSplitGraphKeepsTheBits: random programs (without random ops, whose
 // draws are keyed by the ids a replay mints), captured with scalars bound,
 // cut at some of their outputs into two or three parts: the parts replayed
@@ -81,7 +58,7 @@ func TestSplitGraphKeepsTheBits(t *testing.T) {
 	if err := split.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
-	before := heldBytes(t, w, "cpu-1")
+	before := workertest.TensorBytes(t, w, "cpu-1")
 	tried, parts, handed := 0, 0, 0
 	for seed := range uint64(16) {
 		r := rand.New(rand.NewPCG(seed, 3))
@@ -182,7 +159,7 @@ func TestSplitGraphKeepsTheBits(t *testing.T) {
 		if err := split.Sync(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if held := heldBytes(t, w, "cpu-1"); held != before {
+		if held := workertest.TensorBytes(t, w, "cpu-1"); held != before {
 			t.Fatalf("seed %d: the session holds %v bytes after the split replay, %v before", seed, held, before)
 		}
 	}

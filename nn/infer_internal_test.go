@@ -4,6 +4,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/jetfabric/jetfabric/codec"
 	"github.com/jetfabric/jetfabric/kernels"
 )
 
@@ -33,12 +34,12 @@ func TestFromWireInvertsWire(t *testing.T) {
 		case f.Kind() == reflect.Slice && f.Type().Elem().Kind() == reflect.Int:
 			f.Set(reflect.ValueOf([]int{i, i + 1}))
 		default:
-			t.Fatalf("kernels.Op.%s is a %v: teach this test (and fromWire) about it", name, f.Type())
+			t.Fatalf("kernels.Op.%s is a %v: teach this test (and codec.KernelOp) about it", name, f.Type())
 		}
 	}
 	d := opDesc{k: k}
 	w := d.wire()
-	got, err := fromWire(&w)
+	got, err := codec.KernelOp(&w)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +47,7 @@ func TestFromWireInvertsWire(t *testing.T) {
 		t.Fatalf("through the wire and back:\n%+v\nwant\n%+v", got, k)
 	}
 	w.DType = "f33"
-	if _, err := fromWire(&w); err == nil {
-		t.Fatal("fromWire accepted dtype f33")
+	if _, err := codec.KernelOp(&w); err == nil {
+		t.Fatal("codec.KernelOp accepted dtype f33")
 	}
 }

@@ -262,7 +262,7 @@ func (x *exec) compute(op *codec.Op) error {
 	// per op: a backend keeps nothing of it past Exec (kernels.Backend).
 	kop := &x.d.scratchOp
 	var err error
-	if *kop, err = kernelOp(op); err != nil {
+	if *kop, err = codec.KernelOp(op); err != nil {
 		return err
 	}
 	if len(op.Out) > 0 {
@@ -352,48 +352,6 @@ func (x *exec) release(ts []*kernels.Tensor) {
 		x.s.addBytes(-int64(t.Buf.Bytes()))
 		x.d.freeBuf(t.Buf)
 	}
-}
-
-// kernelOp translates a wire op to a kernels op.
-func kernelOp(op *codec.Op) (kernels.Op, error) {
-	k := kernels.Op{
-		Name: op.Op, Shape: op.Shape, Axes: op.Axes, Keepdims: op.Keepdims, Perm: op.Perm,
-		Axis: op.Axis, Correction: op.Correction,
-		Value: op.Value, Start: op.Start, Stop: op.Stop, Step: op.Step,
-		Low: op.Low, High: op.High, Mean: op.Mean, Std: op.Std,
-		Starts: op.Starts, Ends: op.Ends, Steps: op.Steps, Pads: op.Pads, Sizes: op.Sizes,
-		K: op.K, Depth: op.Depth, Eps: op.Eps, P: op.P, Num: op.Num, N: op.N, M: op.M,
-		Stride: op.Stride, Padding: op.Padding, Dilation: op.Dilation, Groups: op.Groups,
-		Kernel: op.Kernel, Reduce: op.Reduce,
-		LR: op.LR, Beta1: op.Beta1, Beta2: op.Beta2, WeightDecay: op.WeightDecay,
-		Momentum: op.Momentum, Dampening: op.Dampening, Decoupled: op.Decoupled, Nesterov: op.Nesterov, T: op.T,
-	}
-	if op.DType != "" {
-		dt, err := kernels.ParseDType(op.DType)
-		if err != nil {
-			return k, err
-		}
-		k.DType = dt
-	}
-	switch op.Op {
-	case kernels.OpArange:
-		if k.Step == 0 {
-			k.Step = 1
-		}
-	case kernels.OpUniform:
-		if k.Low == 0 && k.High == 0 {
-			k.High = 1
-		}
-	case kernels.OpNormal:
-		if k.Std == 0 && k.Mean == 0 {
-			k.Std = 1
-		}
-	case kernels.OpLayerNorm, kernels.OpRMSNorm:
-		if k.Eps == 0 {
-			k.Eps = 1e-5
-		}
-	}
-	return k, nil
 }
 
 func (x *exec) upload(op *codec.Op) error {

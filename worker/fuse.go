@@ -180,7 +180,7 @@ func (x *exec) fuseRun(f fuser, ops []codec.Op, start, end int, keep []bool) (n 
 		if _, taken := x.s.tensors[id]; taken || id == 0 || !kernels.Known(op.Op) {
 			return 0, false
 		}
-		kop, err := kernelOp(op)
+		kop, err := codec.KernelOp(op)
 		if err != nil {
 			return 0, false
 		}
@@ -283,7 +283,7 @@ func (x *exec) withRelu(rl reluer, ops []codec.Op, uses map[uint64][]int, start 
 		}
 		in[j], metas[j] = t, t.Meta
 	}
-	kop, err := kernelOp(op)
+	kop, err := codec.KernelOp(op)
 	if err != nil {
 		return 0
 	}
@@ -293,7 +293,7 @@ func (x *exec) withRelu(rl reluer, ops []codec.Op, uses map[uint64][]int, start 
 	if err != nil || len(om) != 1 {
 		return 0
 	}
-	rop, err := kernelOp(next)
+	rop, err := codec.KernelOp(next)
 	if err != nil {
 		return 0
 	}
@@ -383,7 +383,7 @@ func (x *exec) withTransposed(tp transposer, ops []codec.Op, uses map[uint64][]i
 		if err != nil || len(src.Shape) != 2 {
 			return 0
 		}
-		kop, err := kernelOp(p)
+		kop, err := codec.KernelOp(p)
 		if err != nil {
 			return 0
 		}
@@ -410,7 +410,7 @@ func (x *exec) withTransposed(tp transposer, ops []codec.Op, uses map[uint64][]i
 	if _, taken := x.s.tensors[mm.Out[0]]; taken {
 		return 0
 	}
-	kop, err := kernelOp(mm)
+	kop, err := codec.KernelOp(mm)
 	if err != nil {
 		return 0
 	}

@@ -490,7 +490,7 @@ func compile(name string, data []byte, lim kernels.Limits) (*graphPlan, error) {
 		for j, id := range op.In {
 			in[j] = metas[id]
 		}
-		kop, err := kernelOp(op)
+		kop, err := codec.KernelOp(op)
 		if err == nil {
 			var out []kernels.Meta
 			if out, err = kernels.Infer(&kop, in, lim); err == nil {

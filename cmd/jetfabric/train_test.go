@@ -17,7 +17,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -31,7 +30,6 @@ import (
 	"github.com/jetfabric/jetfabric/internal/poll"
 	"github.com/jetfabric/jetfabric/kernels"
 	"github.com/jetfabric/jetfabric/nn"
-	"github.com/jetfabric/jetfabric/worker"
 	"github.com/jetfabric/jetfabric/worker/workertest"
 )
 
@@ -253,7 +251,7 @@ func testTrainStepHoldsMemory(t *testing.T, replay bool) {
 		if err := s.Sync(ctx); err != nil {
 			t.Fatal(err)
 		}
-		return tensorBytes(t, wk, "cpu-0")
+		return workertest.TensorBytes(t, wk, "cpu-0")
 	}
 	first := held(2)
 	t.Logf("%v bytes held", first)
@@ -265,28 +263,6 @@ func testTrainStepHoldsMemory(t *testing.T, replay bool) {
 			t.Fatalf("the worker holds %v bytes after more steps, %v before", got, first)
 		}
 	}
-}
-
-// tensorBytes is the tensor memory the worker's device holds, from its
-// metrics.
-func tensorBytes(t *testing.T, w *worker.Worker, device string) float64 {
-	t.Helper()
-	var b strings.Builder
-	if err := w.WriteMetrics(&b); err != nil {
-		t.Fatal(err)
-	}
-	prefix := `jetfabric_device_tensor_bytes{device="` + device + `"} `
-	for line := range strings.Lines(b.String()) {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), prefix); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return f
-		}
-	}
-	t.Fatalf("no %s in the metrics", prefix)
-	return 0
 }
 
 // TestTrainIsDeterministic: two runs from one seed, on one device and

@@ -6,6 +6,8 @@ package workertest
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -77,4 +79,26 @@ func runOn(t testing.TB, nc *nats.Conn, devices []worker.Device, edit ...func(*w
 		nc.Close()
 	})
 	return w
+}
+
+// TensorBytes is the tensor memory device holds on w, from w's metrics
+// (jetfabric_device_tensor_bytes).
+func TensorBytes(t testing.TB, w *worker.Worker, device string) float64 {
+	t.Helper()
+	var b strings.Builder
+	if err := w.WriteMetrics(&b); err != nil {
+		t.Fatal(err)
+	}
+	prefix := `jetfabric_device_tensor_bytes{device="` + device + `"} `
+	for line := range strings.Lines(b.String()) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), prefix); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("no %s in the metrics", prefix)
+	return 0
 }
