@@ -763,6 +763,20 @@ class Connection:
         except ValueError:
             pass
 
+    def _wake_requests(self) -> None:
+        """Wakes every request waiting for an answer (its answer None): the
+        connection it was sent on is gone."""
+        with self._mux_lock:
+            waiters = list(self._mux.values())
+        for w in waiters:
+            if isinstance(w, _Waiter):
+                w.ev.set()
+            else:
+                try:
+                    w(None)  # type: ignore[arg-type]
+                except Exception:  # noqa: BLE001
+                    pass
+
     def _tell(self, event: str) -> None:
         for fn in list(self._listeners):
             try:
@@ -834,16 +848,7 @@ class Connection:
             self._set_status(RECONNECTING)
         while self._pongs:
             self._pongs.popleft().set()
-        with self._mux_lock:
-            waiters = list(self._mux.values())
-        for w in waiters:
-            if isinstance(w, _Waiter):
-                w.ev.set()
-            else:
-                try:
-                    w(None)  # type: ignore[arg-type]
-                except Exception:  # noqa: BLE001
-                    pass
+        self._wake_requests()
         self._tell("disconnected")
 
     def _redial(self) -> bool:
@@ -1063,16 +1068,7 @@ class Connection:
                     sub.cb(None)  # type: ignore[arg-type]
                 except Exception:
                     pass
-        with self._mux_lock:
-            waiters = list(self._mux.values())
-        for w in waiters:
-            if isinstance(w, _Waiter):
-                w.ev.set()
-            else:
-                try:
-                    w(None)  # type: ignore[arg-type]
-                except Exception:
-                    pass
+        self._wake_requests()
         self._tell("closed")
 
     # -- writing -----------------------------------------------------------
