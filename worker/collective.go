@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jetfabric/jetfabric/codec"
 	"github.com/jetfabric/jetfabric/kernels"
@@ -97,8 +98,10 @@ func (x *exec) startCollective(i int, op *codec.Op, c *coll, in *kernels.Tensor,
 	d.flyingBy[t] = f
 	d.m.flying.Store(int64(len(d.flying)))
 	name := f.op
+	start := time.Now()
 	go func() {
 		defer close(f.done)
+		defer func() { d.m.collNanos.Add(uint64(time.Since(start))) }()
 		defer cancel()
 		defer d.mem.unpin(f.in)
 		defer func() {
@@ -124,7 +127,13 @@ func (x *exec) startCollective(i int, op *codec.Op, c *coll, in *kernels.Tensor,
 // session and its output's; a freed output's buffer is freed. Device loop
 // only.
 func (d *device) settle(f *flight) {
-	<-f.done
+	select {
+	case <-f.done:
+	default:
+		start := time.Now()
+		<-f.done
+		d.m.collWaitNanos.Add(uint64(time.Since(start)))
+	}
 	for k, g := range d.flying {
 		if g == f {
 			d.flying = append(d.flying[:k], d.flying[k+1:]...)

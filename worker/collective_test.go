@@ -343,4 +343,13 @@ func TestCollectiveMemory(t *testing.T) {
 		`jetfabric_session_tensor_bytes{device="cpu-0",session="mem"}`:     16,
 		`jetfabric_device_errors_total{device="cpu-0",code="unavailable"}`: 1,
 	})
+	// The lonely all_reduce ran for its 200 ms timeout, and the sync behind
+	// it made the loop wait for it.
+	m := scrape(t, srv.URL)
+	if took := m["jetfabric_device_collective_seconds_total"+dev]; took < 0.2 {
+		t.Errorf("jetfabric_device_collective_seconds_total = %v, want at least the 0.2 s timeout", took)
+	}
+	if waited := m["jetfabric_device_collective_wait_seconds_total"+dev]; waited <= 0 {
+		t.Errorf("jetfabric_device_collective_wait_seconds_total = %v after a sync behind a collective in flight", waited)
+	}
 }

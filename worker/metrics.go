@@ -55,6 +55,9 @@ type metrics struct {
 	lastFrame atomic.Int64
 	// flying is the number of collectives in flight (see collective.go).
 	flying atomic.Int64
+	// collNanos is the time collectives in flight took, start to end;
+	// collWaitNanos the time the loop waited for them to end.
+	collNanos, collWaitNanos atomic.Uint64
 }
 
 // fused records a fused group of n ops.
@@ -213,6 +216,10 @@ func (w *Worker) WriteMetrics(out io.Writer) error {
 			func(d *device) float64 { return float64(d.m.fusedOps.Load()) }},
 		{"jetfabric_device_collectives_in_flight", "gauge", "Collective ops running beside the device loop, their outputs not yet written.",
 			func(d *device) float64 { return float64(d.m.flying.Load()) }},
+		{"jetfabric_device_collective_seconds_total", "counter", "Time collectives run beside the device loop took, from their start to their output written, summed over them.",
+			func(d *device) float64 { return float64(d.m.collNanos.Load()) / 1e9 }},
+		{"jetfabric_device_collective_wait_seconds_total", "counter", "Time the device loop stood waiting for collectives in flight to end (an op reading an output, a read, a sync, a checkpoint).",
+			func(d *device) float64 { return float64(d.m.collWaitNanos.Load()) / 1e9 }},
 		{"jetfabric_device_duplicate_frames_total", "counter", "Frames dropped because their session had run a frame of that number (a publish retried past the stream's duplicate window).",
 			func(d *device) float64 { return float64(d.m.duplicates.Load()) }},
 		{"jetfabric_device_consumer_renewals_total", "counter", "Times the device's consumer was created again (lost with a node, stalled, or a gap in delivery).",

@@ -79,7 +79,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	for _, c := range commands {
 		if c.name == args[0] {
-			err := c.run(ctx, args[1:], stdout, stderr)
+			stopProfile, err := startProfile(stderr)
+			if err != nil {
+				fmt.Fprintf(stderr, "jetfabric: %v\n", err)
+				return 1
+			}
+			err = c.run(ctx, args[1:], stdout, stderr)
+			stopProfile()
 			switch {
 			case err == nil:
 				return 0
