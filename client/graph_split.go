@@ -20,6 +20,8 @@ type GraphSplit struct {
 	Whole *GraphDef
 	// Parts are the parts, in the order they run.
 	Parts []GraphPart
+	// Early reports whether Parts[0] is an early part (SplitGraphEarly).
+	Early bool
 }
 
 // GraphPart is one part of a GraphSplit.
@@ -70,6 +72,31 @@ const opFree = "free"
 // made by earlier parts, or no op left for the last part), a definition
 // whose ids are not canonical (see Graph.Build), and infer's failures.
 func SplitGraph(def *GraphDef, infer InferFunc, cuts ...[]int) (*GraphSplit, error) {
+	return splitGraph(def, infer, nil, cuts)
+}
+
+// SplitGraphEarly is SplitGraph with one more part before the others: the
+// early part, def's first ops up to the first that reads one of the
+// placeholders late (indexes into def's inputs). It reads none of them,
+// so a caller can queue its replay before it makes their tensors: the
+// forward of a training step up to the first layer whose parameters are
+// still being updated. The cuts then apply to the ops after it, as in
+// SplitGraph. Its ops are a run of def's first ops, so they keep def's
+// ids, and the later parts mint theirs as they would with SplitGraph
+// alone. When def's first op (a free aside) reads one of late there is no
+// early part: the split is SplitGraph's, and Early is false.
+//
+// Errors are SplitGraph's, and a late index out of range or named twice.
+func SplitGraphEarly(def *GraphDef, infer InferFunc, late []int, cuts ...[]int) (*GraphSplit, error) {
+	if late == nil {
+		late = []int{}
+	}
+	return splitGraph(def, infer, late, cuts)
+}
+
+// splitGraph is SplitGraph, with an early part before the cuts' when late
+// is not nil (SplitGraphEarly).
+func splitGraph(def *GraphDef, infer InferFunc, late []int, cuts [][]int) (*GraphSplit, error) {
 	bad := func(format string, args ...any) (*GraphSplit, error) {
 		return nil, fmt.Errorf("%w: split graph: %s", ErrInvalidArgument, fmt.Sprintf(format, args...))
 	}
@@ -158,12 +185,45 @@ func SplitGraph(def *GraphDef, infer InferFunc, cuts ...[]int) (*GraphSplit, err
 		}
 	}
 
-	// Each cut's part: the ops its outputs need that no earlier part has.
+	// The early part: the ops before the first that reads a placeholder
+	// of late.
 	part := make([]int, len(g.Ops))
 	for k := range part {
 		part[k] = -1
 	}
+	early := 0
+	if late != nil {
+		isLate := make([]bool, 1+nIn)
+		for _, j := range late {
+			switch {
+			case j < 0 || j >= int(nIn):
+				return bad("late placeholder %d; the graph has %d", j, nIn)
+			case isLate[j+1]:
+				return bad("late placeholder %d is named twice", j)
+			}
+			isLate[j+1] = true
+		}
+		first := len(g.Ops)
+		for k := range g.Ops {
+			if g.Ops[k].Op != opFree && slices.ContainsFunc(g.Ops[k].In, func(id uint64) bool { return id <= nIn && isLate[id] }) {
+				first = k
+				break
+			}
+		}
+		n := 0
+		for k := range first {
+			if g.Ops[k].Op != opFree {
+				part[k], n = 0, n+1
+			}
+		}
+		if n > 0 {
+			early = 1
+		}
+	}
+
+	// Each cut's part: the ops its outputs need that no earlier part has.
 	for c, cut := range cuts {
+		c += early
 		var stack []int
 		for _, j := range cut {
 			stack = append(stack, maker[g.Outputs[j]])
@@ -183,10 +243,10 @@ func SplitGraph(def *GraphDef, infer InferFunc, cuts ...[]int) (*GraphSplit, err
 			}
 		}
 		if n == 0 {
-			return bad("cut %d: earlier parts make all its outputs, it would be empty", c)
+			return bad("cut %d: earlier parts make all its outputs, it would be empty", c-early)
 		}
 	}
-	last, n := len(cuts), 0
+	last, n := early+len(cuts), 0
 	for k := range g.Ops {
 		if g.Ops[k].Op != opFree && part[k] < 0 {
 			part[k], n = last, n+1
@@ -247,7 +307,7 @@ func SplitGraph(def *GraphDef, infer InferFunc, cuts ...[]int) (*GraphSplit, err
 		}
 	}
 
-	sp := &GraphSplit{Whole: def, Parts: make([]GraphPart, last+1)}
+	sp := &GraphSplit{Whole: def, Parts: make([]GraphPart, last+1), Early: early == 1}
 	// outAt is, for each id a part outputs, the part and the index.
 	outAt := map[uint64]PartInput{}
 	for p := range sp.Parts {
@@ -363,6 +423,24 @@ type SplitReplay struct {
 // the device runs the next).
 func (s *Session) ReplaySplit(sp *GraphSplit, in []*Tensor, scalars ...float64) *SplitReplay {
 	return &SplitReplay{s: s, split: sp, in: slices.Clone(in), scalars: slices.Clone(scalars)}
+}
+
+// Rebind binds the whole's placeholder i to t for the parts not yet
+// queued: a caller that queued an early part (SplitGraphEarly) binds the
+// late placeholders to the tensors it made since. It fails with
+// ErrInvalidArgument, binding nothing, when i is out of range or a part
+// already queued read placeholder i.
+func (r *SplitReplay) Rebind(i int, t *Tensor) error {
+	if r.split == nil || i < 0 || i >= len(r.in) || t == nil {
+		return fmt.Errorf("%w: rebind placeholder %d of a split replay of %d", ErrInvalidArgument, i, len(r.in))
+	}
+	for p := range r.outs {
+		if slices.Contains(r.split.Parts[p].Inputs, PartInput{Part: -1, Index: i}) {
+			return fmt.Errorf("%w: rebind placeholder %d: part %d, queued, read it", ErrInvalidArgument, i, p)
+		}
+	}
+	r.in[i] = t
+	return nil
 }
 
 // Done reports whether every part is queued.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -59,7 +60,7 @@ func TestSplitGraphKeepsTheBits(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := workertest.TensorBytes(t, w, "cpu-1")
-	tried, parts, handed := 0, 0, 0
+	tried, parts, handed, early := 0, 0, 0, 0
 	for seed := range uint64(16) {
 		r := rand.New(rand.NewPCG(seed, 3))
 		data := make([][]float32, 2)
@@ -90,7 +91,14 @@ func TestSplitGraphKeepsTheBits(t *testing.T) {
 			tries[0], tries[1] = tries[1], tries[0] // three parts first
 		}
 		for _, cuts := range tries {
-			if sp, err = client.SplitGraph(def, inferOp, cuts...); err == nil {
+			if seed%4 < 2 {
+				sp, err = client.SplitGraph(def, inferOp, cuts...)
+			} else {
+				// An early part first: the ops before the first that
+				// reads the second input.
+				sp, err = client.SplitGraphEarly(def, inferOp, []int{1}, cuts...)
+			}
+			if err == nil {
 				break
 			}
 			if !errors.Is(err, client.ErrInvalidArgument) || !strings.Contains(err.Error(), "empty") && !strings.Contains(err.Error(), "no op to the last part") {
@@ -102,6 +110,12 @@ func TestSplitGraphKeepsTheBits(t *testing.T) {
 		}
 		tried++
 		parts += len(sp.Parts)
+		if sp.Early {
+			early++
+			if slices.Contains(sp.Parts[0].Inputs, client.PartInput{Part: -1, Index: 1}) {
+				t.Fatalf("seed %d: the early part reads the late input", seed)
+			}
+		}
 		for _, p := range sp.Parts {
 			if slices.ContainsFunc(p.Inputs, func(in client.PartInput) bool { return in.Part >= 0 }) {
 				handed++
@@ -166,10 +180,10 @@ func TestSplitGraphKeepsTheBits(t *testing.T) {
 	if tried < 12 {
 		t.Fatalf("only %d of 16 programs could be cut", tried)
 	}
-	if parts == 2*tried || handed == 0 {
-		t.Fatalf("%d programs cut into %d parts, %d of which read tensors of earlier parts: want some cut in three, and some handed on", tried, parts, handed)
+	if parts == 2*tried || handed == 0 || early == 0 {
+		t.Fatalf("%d programs cut into %d parts, %d of which read tensors of earlier parts, %d with an early part: want some cut in three, some handed on and some early parts", tried, parts, handed, early)
 	}
-	t.Logf("%d programs cut into %d parts, %d of which read tensors of earlier parts", tried, parts, handed)
+	t.Logf("%d programs cut into %d parts, %d of which read tensors of earlier parts, %d with an early part", tried, parts, handed, early)
 }
 
 // TestSplitGraphCutsTheBackward: a forward and backward by hand, cut at
@@ -330,6 +344,26 @@ func TestSplitGraphRefusesBadInput(t *testing.T) {
 		{"unknown id", &unknown, inferOp, [][]int{{0}}, "op 2 (neg) reads id 42"},
 		{"inference fails", def, refuse, [][]int{{0}}, "op 0 (exp): no inference here"},
 	}
+	for _, tt := range []struct {
+		name string
+		late []int
+		want string
+	}{
+		{"late out of range", []int{1}, "late placeholder 1; the graph has 1"},
+		{"negative late", []int{-1}, "late placeholder -1"},
+		{"late twice", []int{0, 0}, "late placeholder 0 is named twice"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			sp, err := client.SplitGraphEarly(def, inferOp, tt.late, []int{2})
+			if sp != nil || !errors.Is(err, client.ErrInvalidArgument) || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("split %v, err %v: want ErrInvalidArgument with %q", sp, err, tt.want)
+			}
+		})
+	}
+	// Every op reads the late input: no early part, the split is SplitGraph's.
+	if sp, err := client.SplitGraphEarly(def, inferOp, []int{0}, []int{2}); err != nil || sp.Early || len(sp.Parts) != 2 {
+		t.Fatalf("split with every op late: %+v, %v; want two parts and no early one", sp, err)
+	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			sp, err := client.SplitGraph(tt.def, tt.infer, tt.cuts...)
@@ -359,5 +393,70 @@ func TestSplitGraphRefusesBadInput(t *testing.T) {
 	defer cancel()
 	if err := s.Sync(sctx); !errors.Is(err, client.ErrInvalidArgument) || !strings.Contains(err.Error(), "takes 1 inputs, 2 given") {
 		t.Fatalf("sync after a split replay with 2 inputs: %v", err)
+	}
+}
+
+// TestSplitGraphEarlyRebind: the early part of a split replay runs before
+// the late input exists; the input is bound to its tensor afterwards, and
+// the later parts read that one. An input the early part read cannot be
+// bound again.
+func TestSplitGraphEarlyRebind(t *testing.T) {
+	_, c := fabric(t)
+	ctx := context.Background()
+	g := c.NewGraph()
+	x, w := g.Input("f32", []int{3}), g.Input("f32", []int{3})
+	y := x.Exp().Add(w)
+	def, err := g.Build(y, y.Neg())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp, err := client.SplitGraphEarly(def, inferOp, []int{1}, []int{0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !sp.Early || len(sp.Parts) != 3 || len(sp.Parts[0].Def.Def.Ops) != 1 {
+		t.Fatalf("split: early %v, %d parts, the first of %d ops; want an early part of the exp and 3 parts", sp.Early, len(sp.Parts), len(sp.Parts[0].Def.Def.Ops))
+	}
+	for _, p := range sp.Parts {
+		if err := c.StoreGraph(ctx, p.Def); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := open(t, c, "cpu-0")
+	in := s.FromFloat32([]int{3}, []float32{0, 1, 2})
+	stale := s.FromFloat32([]int{3}, []float32{100, 100, 100})
+	rp := s.ReplaySplit(sp, []*client.Tensor{in, stale})
+	rp.Next() // the exp, before w's tensor is made
+	late := s.FromFloat32([]int{3}, []float32{1, 2, 3})
+	if err := rp.Rebind(0, late); !errors.Is(err, client.ErrInvalidArgument) || !strings.Contains(err.Error(), "part 0, queued, read it") {
+		t.Fatalf("rebind of the input the early part read: %v", err)
+	}
+	for _, i := range []int{-1, 2} {
+		if err := rp.Rebind(i, late); !errors.Is(err, client.ErrInvalidArgument) {
+			t.Fatalf("rebind of placeholder %d: %v", i, err)
+		}
+	}
+	if err := rp.Rebind(1, late); err != nil {
+		t.Fatal(err)
+	}
+	var got []*client.Tensor
+	for !rp.Done() {
+		for _, o := range rp.Next() {
+			if o != nil {
+				got = append(got, o)
+			}
+		}
+	}
+	if len(got) != 2 {
+		t.Fatalf("%d outputs, want 2", len(got))
+	}
+	v, err := got[0].Float32s(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []float32{1 + 1, float32(math.Exp(1)) + 2, float32(math.Exp(2)) + 3} {
+		if math.Abs(float64(v[i]-want)) > 1e-5 {
+			t.Fatalf("exp(x) + w = %v: the later part did not read the rebound input", v)
+		}
 	}
 }

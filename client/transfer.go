@@ -218,6 +218,23 @@ func (g *GradSync) Submit(rank, param int, grad *Tensor) error {
 	return nil
 }
 
+// Reduced returns the reduced gradients of param, one a rank, once every
+// rank submitted it, so that a caller can use one parameter's sum while
+// others are still to come; read them (or Sync the sessions) to wait.
+func (g *GradSync) Reduced(param int) ([]*Tensor, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch {
+	case g.err != nil:
+		return nil, g.err
+	case param < 0 || param >= g.params:
+		return nil, fmt.Errorf("%w: param %d of %d", ErrInvalidArgument, param, g.params)
+	case g.reduced[param] == nil:
+		return nil, fmt.Errorf("%w: param %d not submitted by every rank", ErrInvalidArgument, param)
+	}
+	return g.reduced[param], nil
+}
+
 // Synced returns the reduced gradients, [param][rank], once every rank
 // submitted every parameter; read them (or Sync the sessions) to wait.
 func (g *GradSync) Synced() ([][]*Tensor, error) {

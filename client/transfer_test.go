@@ -328,6 +328,20 @@ func TestGradSync(t *testing.T) {
 	if err := g.Submit(1, 1, b.Full([]int{3}, 3)); err != nil {
 		t.Fatal(err)
 	}
+	// Param 1 is summed while param 0 still waits for rank 0.
+	if _, err := g.Reduced(0); !errors.Is(err, client.ErrInvalidArgument) {
+		t.Errorf("param 0 reduced before rank 0 submitted it: %v", err)
+	}
+	for _, p := range []int{-1, 2} {
+		if _, err := g.Reduced(p); !errors.Is(err, client.ErrInvalidArgument) {
+			t.Errorf("Reduced(%d): %v", p, err)
+		}
+	}
+	one, err := g.Reduced(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect(t, "param 1 rank 1, before param 0", read(t, one[1]), 2, 2, 2)
 	if err := g.Submit(0, 0, a.Full([]int{2}, 20)); err != nil {
 		t.Fatal(err)
 	}
