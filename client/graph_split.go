@@ -76,27 +76,29 @@ func SplitGraph(def *GraphDef, infer InferFunc, cuts ...[]int) (*GraphSplit, err
 }
 
 // SplitGraphEarly is SplitGraph with one more part before the others: the
-// early part, def's first ops up to the first that reads one of the
-// placeholders late (indexes into def's inputs). It reads none of them,
-// so a caller can queue its replay before it makes their tensors: the
-// forward of a training step up to the first layer whose parameters are
-// still being updated. The cuts then apply to the ops after it, as in
-// SplitGraph. Its ops are a run of def's first ops, so they keep def's
-// ids, and the later parts mint theirs as they would with SplitGraph
-// alone. When def's first op (a free aside) reads one of late there is no
-// early part: the split is SplitGraph's, and Early is false.
-//
-// Errors are SplitGraph's, and a late index out of range or named twice.
-func SplitGraphEarly(def *GraphDef, infer InferFunc, late []int, cuts ...[]int) (*GraphSplit, error) {
+// early part, def's first ops up to the first for which late reports true
+// (a free aside). late says which ops must wait: those that read a
+// placeholder whose tensor the caller has not made yet, say, so that it
+// can queue the early part's replay before it makes them (the forward of a
+// training step up to the first layer whose parameters are still being
+// updated), and those whose draws must be keyed by the ids minted after
+// what it queues meanwhile (random ops). late is given each op as def has
+// it, with def's ids: the placeholders are ids 1 to len(def.Def.Inputs).
+// The cuts apply to the ops after the early part, as in SplitGraph. The
+// early part is a run of def's first ops, so they keep def's ids, and the
+// later parts mint theirs as they would with SplitGraph alone. When late
+// takes def's first op there is no early part: the split is SplitGraph's,
+// and Early is false. Errors are SplitGraph's, and a nil late.
+func SplitGraphEarly(def *GraphDef, infer InferFunc, late func(op *codec.Op) bool, cuts ...[]int) (*GraphSplit, error) {
 	if late == nil {
-		late = []int{}
+		return nil, fmt.Errorf("%w: split graph: no late function", ErrInvalidArgument)
 	}
 	return splitGraph(def, infer, late, cuts)
 }
 
 // splitGraph is SplitGraph, with an early part before the cuts' when late
 // is not nil (SplitGraphEarly).
-func splitGraph(def *GraphDef, infer InferFunc, late []int, cuts [][]int) (*GraphSplit, error) {
+func splitGraph(def *GraphDef, infer InferFunc, late func(op *codec.Op) bool, cuts [][]int) (*GraphSplit, error) {
 	bad := func(format string, args ...any) (*GraphSplit, error) {
 		return nil, fmt.Errorf("%w: split graph: %s", ErrInvalidArgument, fmt.Sprintf(format, args...))
 	}
@@ -185,36 +187,22 @@ func splitGraph(def *GraphDef, infer InferFunc, late []int, cuts [][]int) (*Grap
 		}
 	}
 
-	// The early part: the ops before the first that reads a placeholder
-	// of late.
+	// The early part: the ops before the first that late takes.
 	part := make([]int, len(g.Ops))
 	for k := range part {
 		part[k] = -1
 	}
 	early := 0
 	if late != nil {
-		isLate := make([]bool, 1+nIn)
-		for _, j := range late {
-			switch {
-			case j < 0 || j >= int(nIn):
-				return bad("late placeholder %d; the graph has %d", j, nIn)
-			case isLate[j+1]:
-				return bad("late placeholder %d is named twice", j)
-			}
-			isLate[j+1] = true
-		}
-		first := len(g.Ops)
+		n := 0
 		for k := range g.Ops {
-			if g.Ops[k].Op != opFree && slices.ContainsFunc(g.Ops[k].In, func(id uint64) bool { return id <= nIn && isLate[id] }) {
-				first = k
+			if g.Ops[k].Op == opFree {
+				continue
+			}
+			if op := g.Ops[k]; late(&op) {
 				break
 			}
-		}
-		n := 0
-		for k := range first {
-			if g.Ops[k].Op != opFree {
-				part[k], n = 0, n+1
-			}
+			part[k], n = 0, n+1
 		}
 		if n > 0 {
 			early = 1

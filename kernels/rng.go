@@ -43,3 +43,10 @@ func NormalAt(seed, key, i uint64, mean, std float64) float64 {
 	u2 := Uniform01(Random(seed, key, 2*i+1))
 	return mean + std*math.Sqrt(-2*math.Log(u1))*math.Cos(2*math.Pi*u2)
 }
+
+// IsRandom reports whether op draws from the generator: its output
+// depends on the session seed and on its output's id (Op.Seed, Op.Key),
+// so the same op minting another id draws other bits.
+func IsRandom(op string) bool {
+	return op == OpUniform || op == OpNormal || op == OpBernoulli
+}

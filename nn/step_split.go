@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/jetfabric/jetfabric/client"
+	"github.com/jetfabric/jetfabric/codec"
 	"github.com/jetfabric/jetfabric/kernels"
 )
 
@@ -33,6 +34,14 @@ import (
 // ahead of any op left to the second, so its random ops (dropout) mint the
 // ids, and draw the bits, of the whole replay; the backward draws none.
 //
+// A split step also has an early part when its forward starts with ops
+// that read no parameter of the first bucket (client.SplitGraphEarly): the
+// convolutions of the CNN, the first layer's matmul of the MLP. Begin
+// queues it, so that a rank can queue the next step's early forward before
+// the update of the first bucket's parameters, whose all_reduce then
+// overlaps that forward too. The early part is a run of the forward's
+// first ops: the bits are the same with it as without.
+//
 // A GradStep is not safe for concurrent use.
 type GradStep struct {
 	c      *client.Client
@@ -51,10 +60,39 @@ type GradStep struct {
 	pending *gradRun
 }
 
-// gradRun is a run of a GradStep between Start and Finish.
+// gradRun is a run of a GradStep from Begin (or Start) to Finish.
 type gradRun struct {
-	replay *client.SplitReplay // nil: the whole graph was replayed
-	batch  []*Tensor
+	replay  *client.SplitReplay // nil: the whole graph is replayed
+	batch   []*Tensor
+	in      []*client.Tensor // the graph's inputs as bound so far
+	outs    []*client.Tensor // the whole's outputs the parts queued so far
+	started bool             // Start queued its part
+}
+
+// rebind binds the parameters' placeholders to in's tensors (the graph's
+// inputs, parameters first) where they changed since Begin.
+func (run *gradRun) rebind(params []*Param, in []*client.Tensor) error {
+	for i, p := range params {
+		if in[i] == run.in[i] {
+			continue
+		}
+		if run.replay != nil {
+			if err := run.replay.Rebind(i, in[i]); err != nil {
+				return fmt.Errorf("%w: parameter %q changed since Begin, whose early part read it: %w", ErrInvalidArgument, p.Name, err)
+			}
+		}
+		run.in[i] = in[i]
+	}
+	return nil
+}
+
+// take notes the outputs a part queued.
+func (run *gradRun) take(outs []*client.Tensor) {
+	for i, o := range outs {
+		if o != nil {
+			run.outs[i] = o
+		}
+	}
 }
 
 // NewGradStep prepares the captured forward and backward of params, with
@@ -81,6 +119,10 @@ func NewSplitGradStep(c *client.Client, params []*Param, fn StepFunc, batch ...k
 
 // Captured reports whether the forward and backward are captured.
 func (gs *GradStep) Captured() bool { return gs.def != nil }
+
+// Early reports whether the step has an early part, which Begin queues
+// (see GradStep); false before the capture.
+func (gs *GradStep) Early() bool { return gs.parts != nil && gs.parts.Early }
 
 // Buckets lists the parameters (indexes into the params given to
 // NewGradStep, in increasing order) whose gradients each part of the
@@ -112,45 +154,87 @@ func (gs *GradStep) Run(ctx context.Context, batch ...*Tensor) (*Tensor, []*Tens
 	return loss, aux, nil
 }
 
-// Start queues the first part of a run on batch (the whole of it for a
-// step replayed whole): the loss and aux tensors are returned, leaves for
-// the caller to read and free, and the parameters of the first bucket
-// hold their gradients (one they held before is freed). Finish queues the
-// rest; until then the parameters and the batch must stay live, and the
-// ops queued between them (a collective of the first bucket) run before
-// the rest of the backward on the device.
-func (gs *GradStep) Start(ctx context.Context, batch ...*Tensor) (*Tensor, []*Tensor, error) {
+// Begin queues the early part of a run on batch (see GradStep): the
+// forward's first ops that read no parameter of the first bucket. Those
+// parameters may change between Begin and Start (an update of them queued
+// in between): Start binds the tensors they hold then. For a step with no
+// early part Begin queues nothing. Start, then Finish, end the run.
+func (gs *GradStep) Begin(ctx context.Context, batch ...*Tensor) error {
 	if gs.pending != nil {
-		return nil, nil, fmt.Errorf("%w: GradStep.Start before the last run's Finish", ErrInvalidArgument)
+		return fmt.Errorf("%w: GradStep.Begin before the last run's Finish", ErrInvalidArgument)
 	}
 	if err := checkBatch(gs.batch, batch); err != nil {
-		return nil, nil, err
+		return err
 	}
 	if gs.def == nil {
 		if err := gs.capture(ctx); err != nil {
-			return nil, nil, err
+			return err
 		}
 	}
 	in, err := gs.inputs(batch)
 	if err != nil {
-		return nil, nil, err
+		return err
 	}
-	s := gs.params[0].T.Session()
-	run := &gradRun{batch: slices.Clone(batch)}
-	var outs []*client.Tensor
-	if gs.parts == nil {
-		outs = s.Replay(gs.def, in)
-	} else {
-		run.replay = s.ReplaySplit(gs.parts, in)
-		outs = run.replay.Next()
-	}
-	gs.setGrads(outs)
-	aux := make([]*Tensor, len(outs)-1-len(gs.params))
-	for i := range aux {
-		aux[i] = gs.wrap(outs, 1+len(gs.params)+i)
+	run := &gradRun{batch: slices.Clone(batch), in: in, outs: make([]*client.Tensor, len(gs.outMeta))}
+	if gs.parts != nil {
+		run.replay = gs.params[0].T.Session().ReplaySplit(gs.parts, in)
+		if gs.parts.Early {
+			outs := run.replay.Next()
+			run.take(outs)
+			gs.setGrads(outs)
+		}
 	}
 	gs.pending = run
-	return gs.wrap(outs, 0), aux, nil
+	return nil
+}
+
+// Start queues the first part of a run on batch (the whole of it for a
+// step replayed whole), after the early part that Begin queued, or that
+// Start queues itself when Begin was not called: the loss and aux tensors
+// are returned, leaves for the caller to read and free, and the
+// parameters of the first bucket hold their gradients (one they held
+// before is freed). Finish queues the rest; until then the parameters and
+// the batch must stay live, and the ops queued between them (a collective
+// of the first bucket) run before the rest of the backward on the device.
+// After Begin, batch must be Begin's, and only the parameters the early
+// part does not read may hold other tensors than at Begin.
+func (gs *GradStep) Start(ctx context.Context, batch ...*Tensor) (*Tensor, []*Tensor, error) {
+	run := gs.pending
+	switch {
+	case run == nil:
+		if err := gs.Begin(ctx, batch...); err != nil {
+			return nil, nil, err
+		}
+		run = gs.pending
+	case run.started:
+		return nil, nil, fmt.Errorf("%w: GradStep.Start before the last run's Finish", ErrInvalidArgument)
+	case !slices.Equal(batch, run.batch):
+		return nil, nil, fmt.Errorf("%w: GradStep.Start on another batch than Begin's", ErrInvalidArgument)
+	}
+	in, err := gs.inputs(batch)
+	if err == nil {
+		err = run.rebind(gs.params, in)
+	}
+	if err != nil {
+		// What the early part made stays on the worker until the session
+		// closes.
+		gs.pending = nil
+		return nil, nil, err
+	}
+	var outs []*client.Tensor
+	if run.replay == nil {
+		outs = gs.params[0].T.Session().Replay(gs.def, run.in)
+	} else {
+		outs = run.replay.Next()
+	}
+	run.take(outs)
+	run.started = true
+	gs.setGrads(outs)
+	aux := make([]*Tensor, len(run.outs)-1-len(gs.params))
+	for i := range aux {
+		aux[i] = gs.wrap(run.outs, 1+len(gs.params)+i)
+	}
+	return gs.wrap(run.outs, 0), aux, nil
 }
 
 // Finish queues the rest of the run Start began: the parameters of the
@@ -160,7 +244,7 @@ func (gs *GradStep) Start(ctx context.Context, batch ...*Tensor) (*Tensor, []*Te
 // the rest stays on the worker until the session closes.
 func (gs *GradStep) Finish() error {
 	run := gs.pending
-	if run == nil {
+	if run == nil || !run.started {
 		return fmt.Errorf("%w: GradStep.Finish without a Start", ErrInvalidArgument)
 	}
 	gs.pending = nil
@@ -277,7 +361,7 @@ func (gs *GradStep) capture(ctx context.Context) error {
 		for i := range aux {
 			cut = append(cut, 1+len(gs.params)+i)
 		}
-		if parts, err = client.SplitGraph(def, inferWire, cut); err != nil {
+		if parts, err = client.SplitGraphEarly(def, inferWire, lateOp(buckets[0]), cut); err != nil {
 			return fmt.Errorf("nn: capture: %w", err)
 		}
 		for _, p := range parts.Parts {
@@ -290,6 +374,26 @@ func (gs *GradStep) capture(ctx context.Context) error {
 	}
 	gs.def, gs.outMeta, gs.parts, gs.buckets = def, outMeta, parts, buckets
 	return nil
+}
+
+// lateOp is the end of a split step's early part: the first op that reads
+// a parameter of first (the graph's first placeholders are the
+// parameters, id i+1 for parameter i) or draws random bits. A random op's
+// draws are keyed by the id it mints, and a rank queues the update of the
+// first bucket after the early part: with no random op in the early part,
+// every random op mints the id it would if the update came first, as it
+// does op by op, and the bits are the same.
+func lateOp(first []int) func(op *codec.Op) bool {
+	late := map[uint64]bool{}
+	for _, i := range first {
+		late[uint64(i)+1] = true
+	}
+	return func(op *codec.Op) bool {
+		if kernels.IsRandom(op.Op) {
+			return true
+		}
+		return slices.ContainsFunc(op.In, func(id uint64) bool { return late[id] })
+	}
 }
 
 // GradBuckets is the buckets in which NewSplitGradStep's GradStep of

@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/jetfabric/jetfabric/client"
@@ -257,7 +258,10 @@ func TestStepRefusesBadArguments(t *testing.T) {
 // step op by op, with the aux output (twice the loss, outside the gradient),
 // and so does one whose forward and backward is replayed in two parts
 // (dropout included: the forward runs whole in the first part), with ops
-// between the parts.
+// between the parts, and one whose early part (the first layer's matmul)
+// is queued before the update of the parameters it does not read, the
+// update run in two by bucket: the ops of every mode mint as many ids
+// before each dropout.
 func TestGradStepAndUpdateReplayTheStep(t *testing.T) {
 	c, _ := ltLayerFabric(t)
 	ctx := context.Background()
@@ -284,7 +288,7 @@ func TestGradStepAndUpdateReplayTheStep(t *testing.T) {
 				}
 				metas := []kernels.Meta{{DType: kernels.Float32, Shape: []int{6, 8}}, {DType: kernels.Int64, Shape: []int{6}}}
 				newGradStep := nn.NewGradStep
-				if mode == "split" {
+				if mode == "split" || mode == "early" {
 					newGradStep = nn.NewSplitGradStep
 				}
 				gs, err := newGradStep(c, model.Params(), fn, metas...)
@@ -295,6 +299,18 @@ func TestGradStepAndUpdateReplayTheStep(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				// "early": the update in two, by bucket; the first
+				// bucket's queued after the next step's early part.
+				ps := model.Params()
+				upFirst, err := nn.NewUpdate(c, ps[1:], opt)
+				if err != nil {
+					t.Fatal(err)
+				}
+				upRest, err := nn.NewUpdate(c, ps[:1], opt)
+				if err != nil {
+					t.Fatal(err)
+				}
+				pendingFirst := false
 				var losses []float64
 				for k := range steps {
 					x, y := stepBatch(t, s, k)
@@ -314,6 +330,30 @@ func TestGradStepAndUpdateReplayTheStep(t *testing.T) {
 						if err == nil {
 							between()
 							err = up.Run(ctx)
+						}
+					case "early":
+						// The early part (the first layer's matmul) needs
+						// the first layer's weight, updated at the end of
+						// the last step, and not the rest, updated now.
+						if err = gs.Begin(ctx, x, y); err == nil && !gs.Early() {
+							t.Fatal("the split step has no early part")
+						}
+						if err == nil && pendingFirst {
+							err = upFirst.Run(ctx)
+						}
+						if err == nil {
+							loss, aux, err = gs.Start(ctx, x, y)
+						}
+						if err == nil {
+							between()
+							err = gs.Finish()
+						}
+						if err == nil {
+							err = upRest.Run(ctx)
+							pendingFirst = true
+						}
+						if err == nil && k == steps-1 {
+							err = upFirst.Run(ctx)
 						}
 					case "split":
 						loss, aux, err = gs.Start(ctx, x, y)
@@ -363,6 +403,9 @@ func TestGradStepAndUpdateReplayTheStep(t *testing.T) {
 					x.Free()
 					y.Free()
 				}
+				if mode == "early" {
+					up = upFirst
+				}
 				if captured && (!gs.Captured() || !up.Captured()) {
 					t.Fatalf("captured: forward and backward %v, update %v", gs.Captured(), up.Captured())
 				}
@@ -377,7 +420,7 @@ func TestGradStepAndUpdateReplayTheStep(t *testing.T) {
 				return losses, params
 			}
 			wantLoss, wantParams := run("ops")
-			for _, mode := range []string{"whole", "split"} {
+			for _, mode := range []string{"whole", "split", "early"} {
 				gotLoss, gotParams := run(mode)
 				for k := range wantLoss {
 					if math.Float64bits(gotLoss[k]) != math.Float64bits(wantLoss[k]) {
@@ -448,6 +491,41 @@ func TestSplitGradStepRefusesMisuse(t *testing.T) {
 	if err := gs.Finish(); !errors.Is(err, nn.ErrInvalidArgument) {
 		t.Errorf("Finish after Run: %v", err)
 	}
+	// Begin twice; Start on another batch than Begin's; Start after the
+	// early part's parameter changed.
+	x, y = stepBatch(t, s, 2)
+	if err := gs.Begin(ctx, x, y); err != nil {
+		t.Fatal(err)
+	}
+	if err := gs.Begin(ctx, x, y); !errors.Is(err, nn.ErrInvalidArgument) {
+		t.Errorf("Begin twice: %v", err)
+	}
+	x2, y2 := stepBatch(t, s, 3)
+	if _, _, err := gs.Start(ctx, x2, y); !errors.Is(err, nn.ErrInvalidArgument) || !strings.Contains(err.Error(), "another batch") {
+		t.Errorf("Start on another batch: %v", err)
+	}
+	w0 := model.Params()[0]
+	old := w0.T
+	w0.T = nn.Zeros(s, kernels.Float32, old.Shape()).RequireGrad()
+	if _, _, err := gs.Start(ctx, x, y); !errors.Is(err, nn.ErrInvalidArgument) || !strings.Contains(err.Error(), "changed since Begin") {
+		t.Errorf("Start after the early part's parameter changed: %v", err)
+	}
+	w0.T.Free()
+	w0.T = old
+	// That run is over: Begin and Start go through again.
+	if err := gs.Begin(ctx, x2, y2); err != nil {
+		t.Fatal(err)
+	}
+	if loss, _, err = gs.Start(ctx, x2, y2); err != nil {
+		t.Fatal(err)
+	}
+	if err := gs.Finish(); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := loss.Item(ctx); err != nil || !(v > 0) {
+		t.Fatalf("loss after Begin, Start, Finish: %v, %v", v, err)
+	}
+
 	// The buckets of the same backward sent op by op are the replay's.
 	nn.ZeroGrad(model.Params())
 	if _, err := nn.GradBuckets(model.Params()); !errors.Is(err, nn.ErrInvalidArgument) {

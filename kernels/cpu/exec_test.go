@@ -223,3 +223,43 @@ func TestBuffers(t *testing.T) {
 		t.Error("Exec on a freed buffer succeeded")
 	}
 }
+
+// TestIsRandomIsTheKeyedOps: the creation ops whose output changes with
+// the op's key (its output's id) are the ones kernels.IsRandom names.
+func TestIsRandomIsTheKeyedOps(t *testing.T) {
+	b := cpu.New()
+	ops := []kernels.Op{
+		{Name: kernels.OpUniform, Low: -1, High: 1},
+		{Name: kernels.OpNormal, Mean: 0, Std: 1},
+		{Name: kernels.OpBernoulli, P: 0.5},
+		{Name: kernels.OpFull, Value: 3},
+		{Name: kernels.OpArange},
+	}
+	for _, name := range kernels.Creation {
+		if name != kernels.OpBernoulli {
+			ops = append(ops, kernels.Op{Name: name})
+		}
+	}
+	for _, op := range ops {
+		op.Shape, op.DType, op.Seed = []int{64}, kernels.Float32, 7
+		if op.Name == kernels.OpEye {
+			op.Shape = []int{8, 8}
+		}
+		if op.Name == kernels.OpArange || op.Name == kernels.OpLinspace {
+			op.Start, op.Stop, op.Step, op.Num = 0, 64, 1, 64
+			op.Shape = nil
+		}
+		var got [2][]byte
+		for k := range got {
+			op.Key = uint64(k + 1)
+			out := infer(t, b, &op)
+			if err := b.Exec(&op, nil, out); err != nil {
+				t.Fatalf("%s: %v", op.Name, err)
+			}
+			got[k] = out[0].Buf.(*cpu.Buffer).Host()
+		}
+		if keyed := !bytes.Equal(got[0], got[1]); keyed != kernels.IsRandom(op.Name) {
+			t.Errorf("%s: output changes with the key: %v; IsRandom: %v", op.Name, keyed, kernels.IsRandom(op.Name))
+		}
+	}
+}
