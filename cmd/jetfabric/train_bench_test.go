@@ -83,9 +83,10 @@ func BenchmarkTrainStep(b *testing.B) {
 				}
 				reps = append(reps, r)
 			}
+			tr := &trainer{c: c, reps: reps}
 			step := func(i int) {
 				lo := i % (examples / batch) * batch
-				if err := trainStep(ctx, c, reps, lo, lo+batch); err != nil {
+				if err := tr.step(ctx, lo, lo+batch); err != nil {
 					b.Fatal(err)
 				}
 				for _, r := range reps {

@@ -110,9 +110,12 @@ type replica struct {
 	// batch of an epoch may be smaller); nil with -no-graph. With more
 	// than one rank, grads and update are the two halves of a step, the
 	// gradients summed over the ranks between them.
-	steps  map[[2]int]*nn.Step
-	grads  map[[2]int]*nn.GradStep
-	update *nn.Update
+	steps map[[2]int]*nn.Step
+	grads map[[2]int]*nn.GradStep
+	// updates are the captured updates of each bucket's parameters, made
+	// at the first step (nil with -no-graph or one rank).
+	updates []*nn.Update
+	graphs  bool
 	// split: with more than one rank, the gradients are summed in two
 	// buckets, each forward and backward replayed in two parts, the first
 	// bucket's sum queued between them (see nn.GradStep); sent op by op,
@@ -185,6 +188,7 @@ func trainMNIST(ctx context.Context, c *client.Client, f *trainFlags, train, tes
 	perEpoch := (n + B - 1) / B
 	rep := &trainReport{Model: f.model, Devices: f.devices, Epochs: f.epochs, Batch: B, LR: f.lr, Schedule: f.schedule, Seed: f.seed,
 		TrainExamples: n, TestExamples: test.N}
+	tr := &trainer{c: c, reps: reps}
 	start := time.Now()
 	lastPrint := start
 	step, checked := 0, 0
@@ -239,7 +243,7 @@ func trainMNIST(ctx context.Context, c *client.Client, f *trainFlags, train, tes
 			for _, r := range reps {
 				r.opt.LR = f.learningRate(step, f.epochs*perEpoch)
 			}
-			if err := trainStep(ctx, c, reps, lo, hi); err != nil {
+			if err := tr.step(ctx, lo, hi); err != nil {
 				return nil, fmt.Errorf("step %d: %w", step+1, err)
 			}
 			step++
@@ -258,6 +262,9 @@ func trainMNIST(ctx context.Context, c *client.Client, f *trainFlags, train, tes
 		for _, r := range reps {
 			r.ep.Free()
 		}
+	}
+	if err := tr.flush(ctx); err != nil {
+		return nil, fmt.Errorf("step %d: %w", step, err)
 	}
 	err := finish(pending)
 	pending = nil
@@ -381,22 +388,39 @@ func rankErrors(ctx context.Context, reps []*replica, failed *replica, step int,
 	return errors.Join(errs...)
 }
 
-// trainStep runs one step over examples [lo, hi) of the epoch's order:
-// each rank takes its share, computes its gradients, the ranks sum them
-// (each rank's loss is its mean times its share of the batch, so the sum is
-// the gradient of the batch's mean loss), and each rank's Adam applies them.
+// trainer runs the training steps of a run's ranks.
+type trainer struct {
+	c    *client.Client
+	reps []*replica
+	// deferred is the last step's exchange whose first bucket's sums are
+	// not yet each rank's gradients, nor applied: see step.
+	deferred *gradExchange
+}
+
+// step runs one step over examples [lo, hi) of the epoch's order: each
+// rank takes its share, computes its gradients, the ranks sum them (each
+// rank's loss is its mean times its share of the batch, so the sum is the
+// gradient of the batch's mean loss), and each rank's Adam applies them.
 // On one device with captured steps, the whole step is one replay.
 //
 // With more ranks and r.split, each rank's forward and backward is
-// replayed in two parts, each followed by the concatenation of the
-// gradients it made, and the all_reduce of a bucket is queued on every
-// rank once the last rank has queued its part: every rank sends part 1,
-// concat 1, all_reduce 1, part 2, concat 2, all_reduce 2, so that a
-// device that runs a collective in the background computes the rest of
-// the backward meanwhile. Sent op by op, the backward goes whole, then
-// the same two buckets (so that dropout's masks, keyed by the ids the ops
-// mint, are the replay's). Without split, one bucket of every gradient.
-func trainStep(ctx context.Context, c *client.Client, reps []*replica, lo, hi int) error {
+// replayed in parts, each followed by the concatenation of the gradients
+// it made, and the all_reduce of a bucket is queued on every rank once the
+// last rank has queued its part: every rank sends part 1, concat 1,
+// all_reduce 1, part 2, concat 2, all_reduce 2, so that a device that runs
+// a collective in the background computes the rest of the backward
+// meanwhile. Captured, the forward also has an early part (see
+// nn.GradStep): each rank applies the second bucket's sums at the end of
+// the step, and the first bucket's (the linear layers', most of the bytes)
+// in the next step, after that step's early part: so the first bucket's
+// all_reduce also overlaps the second's update and the next step's
+// convolutions. Flush applies what a last step deferred. Sent op by op,
+// the backward goes whole, then the same two buckets, and the update
+// whole; the ops of both ways mint as many ids before each random op, so
+// dropout's masks (keyed by the ids) and the weights are the same.
+// Without split, one bucket of every gradient.
+func (tr *trainer) step(ctx context.Context, lo, hi int) error {
+	reps := tr.reps
 	nb, R := hi-lo, len(reps)
 	var ex *gradExchange
 	var pending []*nn.GradStep  // each rank's forward and backward, its first part queued
@@ -422,18 +446,23 @@ func trainStep(ctx context.Context, c *client.Client, reps []*replica, lo, hi in
 				if r.split {
 					newGradStep = nn.NewSplitGradStep
 				}
-				if gs, err = newGradStep(c, r.params, fn, x.Meta(), y.Meta()); err != nil {
+				if gs, err = newGradStep(tr.c, r.params, fn, x.Meta(), y.Meta()); err != nil {
 					return err
 				}
 				r.grads[key] = gs
 			}
-			loss, aux, err = gs.Start(ctx, x, y)
+			if err = gs.Begin(ctx, x, y); err == nil && tr.deferred != nil {
+				err = tr.deferred.apply(ctx, tr.c, i, 0)
+			}
+			if err == nil {
+				loss, aux, err = gs.Start(ctx, x, y)
+			}
 			buckets = gs.Buckets()
 			pending = append(pending, gs)
 		case r.steps != nil:
 			st := r.steps[[2]int{b - a, nb}]
 			if st == nil {
-				if st, err = nn.NewStepAux(c, r.params, r.opt, fn, x.Meta(), y.Meta()); err != nil {
+				if st, err = nn.NewStepAux(tr.c, r.params, r.opt, fn, x.Meta(), y.Meta()); err != nil {
 					return err
 				}
 				r.steps[[2]int{b - a, nb}] = st
@@ -467,6 +496,7 @@ func trainStep(ctx context.Context, c *client.Client, reps []*replica, lo, hi in
 			}
 		}
 	}
+	tr.deferred = nil
 	// The rest of each rank's backward, then the concatenation of the
 	// gradients it made.
 	for i := range reps {
@@ -488,24 +518,53 @@ func trainStep(ctx context.Context, c *client.Client, reps []*replica, lo, hi in
 	if R == 1 && reps[0].steps != nil {
 		return nil
 	}
-	if R > 1 {
-		if err := ex.finish(); err != nil {
-			return err
+	if R == 1 {
+		err := reps[0].opt.Step(reps[0].params)
+		nn.ZeroGrad(reps[0].params)
+		return err
+	}
+	// Defer the first bucket's update to the next step when the ranks
+	// replay an early part there (the same on every rank: one model).
+	deferFirst := len(ex.buckets) > 1 && pending != nil && pending[0].Early()
+	for i := range reps {
+		for bucket := range ex.buckets {
+			if bucket == 0 && deferFirst {
+				continue
+			}
+			if err := ex.apply(ctx, tr.c, i, bucket); err != nil {
+				return err
+			}
 		}
 	}
-	for _, r := range reps {
-		var err error
-		if r.update != nil {
-			err = r.update.Run(ctx)
-		} else {
-			err = r.opt.Step(r.params)
-			nn.ZeroGrad(r.params)
-		}
-		if err != nil {
+	if deferFirst {
+		tr.deferred = ex
+	}
+	return nil
+}
+
+// flush applies the update a last step deferred, if any.
+func (tr *trainer) flush(ctx context.Context) error {
+	ex := tr.deferred
+	if ex == nil {
+		return nil
+	}
+	tr.deferred = nil
+	for i := range tr.reps {
+		if err := ex.apply(ctx, tr.c, i, 0); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// trainStep runs one step over examples [lo, hi) of the epoch's order and
+// applies all of it (trainer.step, then flush).
+func trainStep(ctx context.Context, c *client.Client, reps []*replica, lo, hi int) error {
+	tr := &trainer{c: c, reps: reps}
+	if err := tr.step(ctx, lo, hi); err != nil {
+		return err
+	}
+	return tr.flush(ctx)
 }
 
 // allParams is the indexes of n parameters: one bucket of them all.
@@ -525,10 +584,9 @@ func (r *replica) useGraphs(c *client.Client, ranks int) error {
 		r.steps = map[[2]int]*nn.Step{}
 		return nil
 	}
-	var err error
 	r.grads = map[[2]int]*nn.GradStep{}
-	r.update, err = nn.NewUpdate(c, r.params, r.opt)
-	return err
+	r.graphs = true
+	return nil
 }
 
 // stepFunc is a rank's step on a shard of a batch: the loss, its mean
@@ -572,7 +630,10 @@ type gradExchange struct {
 	units   [][]int // indexes of the parameters summed together
 	of      [][]int // the units of each bucket
 	g       *client.GradSync
-	cats    []*client.Tensor // the concatenations, freed once summed
+	cats    [][]*client.Tensor // [rank][unit]: the concatenations, freed once summed
+	// lr is each rank's learning rate at the step: an update applied in
+	// the next step (trainer.step) applies the step's.
+	lr []float64
 }
 
 // newGradExchange prepares the sum of one step's gradients of reps, in
@@ -599,6 +660,13 @@ func newGradExchange(reps []*replica, buckets [][]int) (*gradExchange, error) {
 	}
 	if i := slices.Index(seen, false); i >= 0 {
 		return nil, fmt.Errorf("gradient buckets %v: no bucket holds parameter %d", buckets, i)
+	}
+	for _, r := range reps {
+		x.lr = append(x.lr, r.opt.LR)
+	}
+	x.cats = make([][]*client.Tensor, len(reps))
+	for i := range x.cats {
+		x.cats[i] = make([]*client.Tensor, len(x.units))
 	}
 	var err error
 	x.g, err = client.NewGradSync(len(reps), len(x.units), "sum")
@@ -629,7 +697,7 @@ func (x *gradExchange) submit(rank, bucket int) error {
 			for _, part := range parts {
 				part.Free()
 			}
-			x.cats = append(x.cats, t)
+			x.cats[rank][u] = t
 		}
 		if err := x.g.Submit(rank, u, t); err != nil {
 			return err
@@ -638,41 +706,67 @@ func (x *gradExchange) submit(rank, bucket int) error {
 	return nil
 }
 
-// finish sets every rank's gradients to the sums, once every bucket is
-// submitted, and frees the concatenations.
-func (x *gradExchange) finish() error {
-	sums, err := x.g.Synced()
-	if err != nil {
-		return err
-	}
-	for u, ps := range x.units {
-		for i, r := range x.reps {
-			sum := []*client.Tensor{sums[u][i]}
-			if len(ps) > 1 {
-				sizes := make([]int, len(ps))
-				for k, p := range ps {
-					sizes[k] = r.params[p].T.Numel()
-				}
-				sum = r.s.ApplyN(codec.Op{Op: kernels.OpSplit, Axis: 0, Sizes: sizes}, len(ps), sums[u][i])
-				sums[u][i].Free()
-			}
+// apply sets rank's gradients of bucket's parameters to their sums, once
+// every rank submitted the bucket, frees the concatenations, and applies
+// the rank's optimizer to those parameters: their captured update, or the
+// optimizer's step op by op with -no-graph.
+func (x *gradExchange) apply(ctx context.Context, c *client.Client, rank, bucket int) error {
+	r := x.reps[rank]
+	for _, u := range x.of[bucket] {
+		ps := x.units[u]
+		sums, err := x.g.Reduced(u)
+		if err != nil {
+			return err
+		}
+		sum := []*client.Tensor{sums[rank]}
+		if len(ps) > 1 {
+			sizes := make([]int, len(ps))
 			for k, p := range ps {
-				t := r.params[p].T
-				old := t.Grad()
-				gr := sum[k]
-				if len(ps) > 1 {
-					gr = sum[k].Reshape(old.Shape()...)
-					sum[k].Free()
-				}
-				t.SetGrad(nn.Wrap(gr, old.DType(), old.Shape()))
-				old.Free()
+				sizes[k] = r.params[p].T.Numel()
 			}
+			sum = r.s.ApplyN(codec.Op{Op: kernels.OpSplit, Axis: 0, Sizes: sizes}, len(ps), sums[rank])
+			sums[rank].Free()
+		}
+		for k, p := range ps {
+			t := r.params[p].T
+			old := t.Grad()
+			gr := sum[k]
+			if len(ps) > 1 {
+				gr = sum[k].Reshape(old.Shape()...)
+				sum[k].Free()
+			}
+			t.SetGrad(nn.Wrap(gr, old.DType(), old.Shape()))
+			old.Free()
+		}
+		if cat := x.cats[rank][u]; cat != nil {
+			cat.Free()
+			x.cats[rank][u] = nil
 		}
 	}
-	for _, t := range x.cats {
-		t.Free()
+	params := make([]*nn.Param, len(x.buckets[bucket]))
+	for k, p := range x.buckets[bucket] {
+		params[k] = r.params[p]
 	}
-	return nil
+	defer func(lr float64) { r.opt.LR = lr }(r.opt.LR)
+	r.opt.LR = x.lr[rank]
+	if !r.graphs {
+		err := r.opt.Step(params)
+		nn.ZeroGrad(params)
+		return err
+	}
+	if r.updates == nil {
+		r.updates = make([]*nn.Update, len(x.buckets))
+	}
+	if len(r.updates) != len(x.buckets) {
+		return fmt.Errorf("%s: the gradients came in %d buckets, then %d", r.s.Device(), len(r.updates), len(x.buckets))
+	}
+	if r.updates[bucket] == nil {
+		var err error
+		if r.updates[bucket], err = nn.NewUpdate(c, params, r.opt); err != nil {
+			return err
+		}
+	}
+	return r.updates[bucket].Run(ctx)
 }
 
 // correct is the number of rows of logits whose largest entry is at the

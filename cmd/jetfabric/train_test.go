@@ -360,6 +360,9 @@ func TestSplitGradStepOnTheModels(t *testing.T) {
 					}
 					bits = append(bits, d.Bytes)
 				}
+				if split && !gs.Early() {
+					t.Fatal("the split step has no early part (the forward up to the first linear layer)")
+				}
 				var first []string
 				if bs := gs.Buckets(); split {
 					if len(bs) != 2 || len(bs[0])+len(bs[1]) != len(rep.params) {
