@@ -50,6 +50,58 @@ func TestTransfer(t *testing.T) {
 	expect(t, "4 MiB", read(t, big.To(b).Sum()), 1<<19)
 }
 
+// TestTransferInline: a tensor of up to 128 KiB travels in its
+// announcement, with no object in FABRIC_XFER; one a byte larger as an
+// object. Both arrive whole.
+func TestTransferInline(t *testing.T) {
+	br, c := devices(t, 2)
+	ctx := context.Background()
+	a, b := open(t, c, "cpu-0"), open(t, c, "cpu-1")
+	nc, err := nats.Connect(br.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	xfer, err := js.ObjectStore(ctx, "FABRIC_XFER")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, "FABRIC_CTRL")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		id     string
+		n      int // f32 elements
+		inline bool
+	}{
+		{"a123456789abcdef0123456789abcdef", 4, true},
+		{"b123456789abcdef0123456789abcdef", 32 << 10, true}, // 128 KiB
+		{"c123456789abcdef0123456789abcdef", 32<<10 + 1, false},
+	} {
+		x := a.Full([]int{tt.n}, 1)
+		x.Expose(tt.id, 1)
+		y := b.Import(tt.id, 0)
+		got, err := y.Sum().Float32s(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := float32(tt.n); got[0] != want {
+			t.Fatalf("%d elements: sum %v, want %v", tt.n, got[0], want)
+		}
+		_, objErr := xfer.GetInfo(ctx, "xfer-"+tt.id)
+		e, err := kv.Get(ctx, "xfer.xfer-"+tt.id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hasData := strings.Contains(string(e.Value()), `"data":`)
+		if tt.inline != (errors.Is(objErr, jetstream.ErrObjectNotFound) && hasData) {
+			t.Errorf("%d elements: inline %v, but object lookup %v and data in the announcement %v", tt.n, tt.inline, objErr, hasData)
+		}
+	}
+}
+
 func TestTransferFaults(t *testing.T) {
 	br, c := devices(t, 2)
 	ctx := context.Background()
@@ -91,9 +143,10 @@ func TestTransferFaults(t *testing.T) {
 		t.Fatalf("bad transfer id: %v", err)
 	}
 
-	// A corrupted chunk: the digest check catches it.
+	// A corrupted chunk: the digest check catches it. (A tensor over
+	// 128 KiB: smaller ones travel in their announcement, with no object.)
 	id4 := "3123456789abcdef0123456789abcdef"
-	y := a.Arange(0, 1000, 1)
+	y := a.Arange(0, 40000, 1)
 	y.Expose(id4, 1)
 	if err := a.Sync(ctx); err != nil {
 		t.Fatal(err)
@@ -111,7 +164,7 @@ func TestTransferFaults(t *testing.T) {
 	if err := stream.Purge(ctx, jetstream.WithPurgeSubject(chunks)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.Publish(ctx, chunks, make([]byte, 4000)); err != nil {
+	if _, err := js.Publish(ctx, chunks, make([]byte, 160000)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := b.Apply(codec.Op{Op: "import", Transfer: id4, TimeoutMS: 60000}).Float32s(ctx); err == nil || !strings.Contains(err.Error(), "corrupt") {
@@ -128,6 +181,7 @@ func TestTransferFaults(t *testing.T) {
 		{`{"max":1,"writer":"x","nuid":"ABC","dtype":"f32","shape":"1000000,1000000"}`, "limit"},
 		{`{"max":1,"writer":"x","nuid":"ABC","dtype":"f99","shape":"4"}`, "not a tensor"},
 		{`{"max":1,"writer":"x","nuid":"ABC","dtype":"f32","shape":"-4"}`, "shape"},
+		{`{"max":1,"writer":"x","dtype":"f32","shape":"4","data":"AAAAAA=="}`, "its announcement holds 4 bytes, f32 [4] needs 16"},
 	} {
 		id := fmt.Sprintf("4%031x", i)
 		if _, err := kv.Put(ctx, "xfer.xfer-"+id, []byte(c.value)); err != nil {
