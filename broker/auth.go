@@ -22,18 +22,69 @@ import (
 // trusted, the fabric's and the system account preloaded in a memory
 // resolver. Every user then authenticates with a JWT signed by the
 // fabric's account: the service user, or a tenant.
-func operatorMode(opts *server.Options, d *tenant.Dir) error {
+func operatorMode(opts *server.Options, d *tenant.Dir) (*server.MemAccResolver, error) {
 	res := &server.MemAccResolver{}
 	for pub, tok := range d.Accounts {
 		if err := res.Store(pub, tok); err != nil {
-			return fmt.Errorf("%w: account %s: %v", ErrInvalidConfig, pub, err)
+			return nil, fmt.Errorf("%w: account %s: %v", ErrInvalidConfig, pub, err)
 		}
 	}
 	opts.TrustedOperators = append(opts.TrustedOperators, d.Operator)
 	opts.AccountResolver = res
 	opts.SystemAccount = d.System
-	return nil
+	return res, nil
 }
+
+// accountPoll is how often the broker reads the auth directory's account
+// JWT again.
+var accountPoll = time.Second
+
+// watchAccount applies the auth directory's account JWT whenever it
+// changes (tenant.Revoke writes it), until stop is closed: the server
+// takes the new claims, which closes the connections of revoked users and
+// refuses their credentials from then on. A JWT that does not verify is
+// logged and left unapplied; the claims in force stay.
+func (b *Broker) watchAccount(stop <-chan struct{}) {
+	applied := b.auth.Accounts[b.auth.Account]
+	var refused string
+	t := time.NewTicker(accountPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		tok, ac, err := tenant.Account(b.cfg.AuthDir, b.auth.Operator, b.auth.Account)
+		if err != nil {
+			if msg := err.Error(); msg != refused {
+				refused = msg
+				b.srv.Warnf("jetfabric: account JWT of %s not applied: %v", b.cfg.AuthDir, err)
+			}
+			continue
+		}
+		if tok == applied {
+			continue
+		}
+		acc, err := b.srv.LookupAccount(ac.Subject)
+		if err != nil {
+			b.srv.Warnf("jetfabric: account %s: %v", ac.Subject, err)
+			continue
+		}
+		if err := b.resolver.Store(ac.Subject, tok); err != nil {
+			b.srv.Warnf("jetfabric: account %s: %v", ac.Subject, err)
+			continue
+		}
+		b.srv.UpdateAccountClaims(acc, ac)
+		applied, refused = tok, ""
+		b.reloads.Add(1)
+		b.srv.Noticef("jetfabric: account JWT of %s applied: %d revoked keys", b.cfg.AuthDir, len(ac.Revocations))
+	}
+}
+
+// AccountReloads is how many times the broker has applied a changed
+// account JWT from its auth directory (see tenant.Revoke).
+func (b *Broker) AccountReloads() uint64 { return b.reloads.Load() }
 
 // violations counts what the server reports of refused clients: its log
 // lines for publish and subscribe permission violations and for failed

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -27,6 +28,10 @@ type Broker struct {
 	// refusals the server logs (with one).
 	auth *tenant.Dir
 	viol *violations
+	// resolver holds the accounts' JWTs (auth only); reloads counts the
+	// account JWTs applied after start (see watchAccount).
+	resolver *server.MemAccResolver
+	reloads  atomic.Uint64
 
 	mu       sync.Mutex
 	shutdown bool
@@ -65,11 +70,12 @@ func New(cfg Config) (*Broker, error) {
 		return nil, err
 	}
 	var auth *tenant.Dir
+	var res *server.MemAccResolver
 	if cfg.AuthDir != "" {
 		if auth, err = tenant.Load(cfg.AuthDir); err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
 		}
-		if err := operatorMode(opts, auth); err != nil {
+		if res, err = operatorMode(opts, auth); err != nil {
 			return nil, err
 		}
 		cfg.Provision.Tenants = true
@@ -81,7 +87,7 @@ func New(cfg Config) (*Broker, error) {
 	if cfg.Logs {
 		srv.ConfigureLogger()
 	}
-	b := &Broker{cfg: cfg, names: names, srv: srv, tls: opts.TLSConfig != nil, auth: auth}
+	b := &Broker{cfg: cfg, names: names, srv: srv, tls: opts.TLSConfig != nil, auth: auth, resolver: res}
 	if auth != nil {
 		b.viol = &violations{inner: srv.Logger()}
 		srv.SetLogger(b.viol, false, false)
@@ -209,10 +215,16 @@ func (b *Broker) Start(ctx context.Context) error {
 		}
 		pcancel()
 		if last == nil {
-			if b.auth != nil {
-				return b.serveRegistry()
+			if b.auth == nil {
+				return nil
 			}
-			return nil
+			stop, done := make(chan struct{}), make(chan struct{})
+			go func() {
+				defer close(done)
+				b.watchAccount(stop)
+			}()
+			b.Attach(func() { close(stop); <-done })
+			return b.serveRegistry()
 		}
 		select {
 		case <-ctx.Done():

@@ -165,10 +165,21 @@ func (c *Client) Undelivered() (frames int, since time.Time, last error) {
 }
 
 // disconnected is the error of a call made while the connection is down.
+// A connection the broker closed for its credentials (revoked, expired)
+// does not come back: that is ErrCredentials.
 func (c *Client) disconnected(st nats.Status) error {
 	cause := ""
-	if err := c.nc.LastError(); err != nil {
+	err := c.nc.LastError()
+	if err != nil {
 		cause = fmt.Sprintf(", last error: %v", err)
+	}
+	if st == nats.CLOSED && c.opts.creds != "" && (errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthRevoked) || errors.Is(err, nats.ErrAuthExpired)) {
+		who := "the service user"
+		if c.opts.credsTenant != "" {
+			who = "tenant " + c.opts.credsTenant
+		}
+		return fmt.Errorf("%w: the broker closed the connection and refuses the credentials of %s in %s (expired or revoked)%s; the client does not reconnect: connect with new credentials",
+			ErrCredentials, who, c.opts.creds, cause)
 	}
 	return fmt.Errorf("%w: %w: connection %s%s; the client reconnects by itself and its frames go out once a node answers: check that the broker (or a majority of the cluster's nodes) is up at %s",
 		ErrUnavailable, ErrDisconnected, strings.ToLower(st.String()), cause, strings.Join(c.nc.Servers(), ", "))

@@ -15,7 +15,9 @@
 //	<tenant>.creds              a tenant's user
 //	tenants/<tenant>.json       a tenant's record (codec.Tenant: quotas)
 //	tenants/<tenant>.jwt        the same, signed by the account (SignRecord)
+//	tenants/<tenant>.keys       every user key the tenant was given
 //
-// Init makes the first five once; Add makes a tenant. The .nk files are
+// Init makes the first five once; Add makes a tenant; Revoke revokes a
+// tenant's credentials in the account JWT, which a running broker reloads. The .nk files are
 // secrets (mode 0600): whoever holds account.nk can mint users.
 package tenant

@@ -22,6 +22,7 @@ var (
 	ErrNoDir  = errors.New("tenant: not an auth directory")
 	ErrExists = errors.New("tenant: already exists")
 	ErrCreds  = errors.New("tenant: bad credentials")
+	ErrNone   = errors.New("tenant: no such tenant")
 )
 
 // File names inside an auth directory.
@@ -87,7 +88,7 @@ func Init(dir string) error {
 	if err != nil {
 		return fmt.Errorf("tenant: system account jwt: %w", err)
 	}
-	svc, err := userCreds(acc, "service", nil, time.Time{})
+	svc, _, err := userCreds(acc, "service", nil, time.Time{})
 	if err != nil {
 		return err
 	}
@@ -122,11 +123,11 @@ func seedOf(kp nkeys.KeyPair) []byte {
 }
 
 // userCreds mints a user of account acc with permissions (nil: all) and
-// returns its creds file.
-func userCreds(acc nkeys.KeyPair, name string, perms *jwt.Permissions, expires time.Time) ([]byte, error) {
+// returns its creds file and its public key.
+func userCreds(acc nkeys.KeyPair, name string, perms *jwt.Permissions, expires time.Time) ([]byte, string, error) {
 	u, err := nkeys.CreateUser()
 	if err != nil {
-		return nil, fmt.Errorf("tenant: user key: %w", err)
+		return nil, "", fmt.Errorf("tenant: user key: %w", err)
 	}
 	upub, _ := u.PublicKey()
 	uc := jwt.NewUserClaims(upub)
@@ -139,14 +140,14 @@ func userCreds(acc nkeys.KeyPair, name string, perms *jwt.Permissions, expires t
 	}
 	tok, err := uc.Encode(acc)
 	if err != nil {
-		return nil, fmt.Errorf("tenant: user jwt %s: %w", name, err)
+		return nil, "", fmt.Errorf("tenant: user jwt %s: %w", name, err)
 	}
 	seed, _ := u.Seed()
 	creds, err := jwt.FormatUserConfig(tok, seed)
 	if err != nil {
-		return nil, fmt.Errorf("tenant: creds %s: %w", name, err)
+		return nil, "", fmt.Errorf("tenant: creds %s: %w", name, err)
 	}
-	return creds, nil
+	return creds, upub, nil
 }
 
 // Add makes tenant rec.Name in dir: its record and its creds file, whose
@@ -174,7 +175,7 @@ func Add(dir string, names subjects.Names, rec codec.Tenant, replace bool) (stri
 		return "", fmt.Errorf("tenant: %s: %w", accountSeed, err)
 	}
 	perms := Permissions(names, rec.Name)
-	creds, err := userCreds(acc, rec.Name, &perms, rec.Expires)
+	creds, upub, err := userCreds(acc, rec.Name, &perms, rec.Expires)
 	if err != nil {
 		return "", err
 	}
@@ -195,11 +196,123 @@ func Add(dir string, names subjects.Names, rec codec.Tenant, replace bool) (stri
 	if err := os.WriteFile(filepath.Join(dir, tenantsDir, rec.Name+".jwt"), []byte(signed), 0o644); err != nil {
 		return "", fmt.Errorf("tenant: %w", err)
 	}
+	// Every user key the tenant was given, for Revoke: kept before its
+	// creds file is written, so that no credentials go unlisted.
+	kf, err := os.OpenFile(keysPath(dir, rec.Name), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		return "", fmt.Errorf("tenant: %w", err)
+	}
+	_, err = fmt.Fprintln(kf, upub)
+	if cerr := kf.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return "", fmt.Errorf("tenant: %w", err)
+	}
 	path := CredsPath(dir, rec.Name)
 	if err := os.WriteFile(path, creds, 0o600); err != nil {
 		return "", fmt.Errorf("tenant: %w", err)
 	}
 	return path, nil
+}
+
+func keysPath(dir, name string) string { return filepath.Join(dir, tenantsDir, name+".keys") }
+
+// Revoke revokes every credential Add has made for tenant name in dir up
+// to now: their user keys go into the revocations of the fabric's account,
+// whose JWT is signed again with the operator key. A broker serving dir
+// reads the new JWT within a second (it polls the file), closes the
+// tenant's connections and refuses those credentials from then on; the
+// tenant's record, bucket and sessions stay (its sessions are freed once
+// idle), and Add with replace gives it new credentials. It returns how
+// many keys it revoked.
+func Revoke(dir, name string) (int, error) {
+	if err := subjects.ValidateTenant(name); err != nil {
+		return 0, fmt.Errorf("tenant: %w", err)
+	}
+	d, err := Load(dir)
+	if err != nil {
+		return 0, err
+	}
+	var keys []string
+	if b, err := os.ReadFile(keysPath(dir, name)); err == nil {
+		keys = strings.Fields(string(b))
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return 0, fmt.Errorf("tenant: %w", err)
+	}
+	// The creds file in place, for a directory older than the keys file.
+	if b, err := os.ReadFile(CredsPath(dir, name)); err == nil {
+		tok, _, err := ParseCreds(b)
+		if err != nil {
+			return 0, fmt.Errorf("tenant: %s: %w", CredsPath(dir, name), err)
+		}
+		uc, err := jwt.DecodeUserClaims(tok)
+		if err != nil {
+			return 0, fmt.Errorf("%w: %s: %v", ErrCreds, CredsPath(dir, name), err)
+		}
+		if uc.Name != name {
+			return 0, fmt.Errorf("%w: %s holds the credentials of %q", ErrCreds, CredsPath(dir, name), uc.Name)
+		}
+		if !slices.Contains(keys, uc.Subject) {
+			keys = append(keys, uc.Subject)
+		}
+	}
+	if len(keys) == 0 {
+		return 0, fmt.Errorf("%w: %s has no credentials of tenant %s", ErrNone, dir, name)
+	}
+	opSeed, err := os.ReadFile(filepath.Join(dir, operatorSeed))
+	if err != nil {
+		return 0, fmt.Errorf("%w: %s: %v", ErrNoDir, dir, err)
+	}
+	op, err := nkeys.FromSeed(opSeed)
+	if err != nil {
+		return 0, fmt.Errorf("tenant: %s: %w", operatorSeed, err)
+	}
+	ac, err := jwt.DecodeAccountClaims(d.Accounts[d.Account])
+	if err != nil {
+		return 0, fmt.Errorf("tenant: %s: %w", accountJWT, err)
+	}
+	now := time.Now()
+	for _, k := range keys {
+		if !nkeys.IsValidPublicUserKey(k) {
+			return 0, fmt.Errorf("tenant: %s: %q is not a user key", keysPath(dir, name), k)
+		}
+		ac.RevokeAt(k, now)
+	}
+	tok, err := ac.Encode(op)
+	if err != nil {
+		return 0, fmt.Errorf("tenant: account jwt: %w", err)
+	}
+	// Written whole, then renamed over the old one: a broker polling the
+	// file never reads half of it.
+	tmp := filepath.Join(dir, accountJWT+".new")
+	if err := os.WriteFile(tmp, []byte(tok), 0o644); err != nil {
+		return 0, fmt.Errorf("tenant: %w", err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, accountJWT)); err != nil {
+		return 0, fmt.Errorf("tenant: %w", err)
+	}
+	return len(keys), nil
+}
+
+// Account reads the fabric's account JWT of dir, checked to be signed by
+// operator and to be the account with public key pub.
+func Account(dir string, operator *jwt.OperatorClaims, pub string) (string, *jwt.AccountClaims, error) {
+	b, err := os.ReadFile(filepath.Join(dir, accountJWT))
+	if err != nil {
+		return "", nil, fmt.Errorf("%w: %s: %v", ErrNoDir, dir, err)
+	}
+	tok := strings.TrimSpace(string(b))
+	ac, err := jwt.DecodeAccountClaims(tok)
+	switch {
+	case err != nil:
+		return "", nil, fmt.Errorf("tenant: %s: %w", accountJWT, err)
+	case ac.Issuer != operator.Subject:
+		return "", nil, fmt.Errorf("tenant: %s is not signed by the operator", accountJWT)
+	case ac.Subject != pub:
+		return "", nil, fmt.Errorf("tenant: %s is the JWT of account %s, not %s", accountJWT, ac.Subject, pub)
+	}
+	return tok, ac, nil
 }
 
 // Dir is an auth directory as the broker reads it.

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nkeys"
 
 	"github.com/jetfabric/jetfabric/codec"
@@ -111,6 +112,99 @@ func TestPermissions(t *testing.T) {
 		}
 		if strings.HasPrefix(s, "$JS.API.CONSUMER.") && !strings.Contains(s, "OBJ_FABRIC_XFER_acme") {
 			t.Errorf("a consumer on a stream acme does not own: %q", s)
+		}
+	}
+}
+
+// TestRevoke: Revoke puts every key a tenant was given into the account
+// JWT's revocations, and nobody else's; bad input changes nothing.
+func TestRevoke(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := tenant.Revoke(dir, "acme"); !errors.Is(err, tenant.ErrNoDir) {
+		t.Errorf("revoke before init: %v", err)
+	}
+	if err := tenant.Init(dir); err != nil {
+		t.Fatal(err)
+	}
+	keyOf := func(path string) string {
+		t.Helper()
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tok, _, err := tenant.ParseCreds(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		uc, err := jwt.DecodeUserClaims(tok)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return uc.Subject
+	}
+	var acme []string
+	for _, replace := range []bool{false, true} {
+		path, err := tenant.Add(dir, subjects.Default(), codec.Tenant{Name: "acme"}, replace)
+		if err != nil {
+			t.Fatal(err)
+		}
+		acme = append(acme, keyOf(path))
+	}
+	bobPath, err := tenant.Add(dir, subjects.Default(), codec.Tenant{Name: "bob"}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bob := keyOf(bobPath)
+	d0, err := tenant.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"", "a.b", "nobody"} {
+		if _, err := tenant.Revoke(dir, bad); err == nil {
+			t.Errorf("revoke of %q succeeded", bad)
+		}
+	}
+	if _, err := tenant.Revoke(dir, "nobody"); !errors.Is(err, tenant.ErrNone) {
+		t.Errorf("revoke of an unknown tenant: %v", err)
+	}
+	if n, err := tenant.Revoke(dir, "acme"); err != nil || n != 2 {
+		t.Fatalf("revoke acme: %d keys, %v", n, err)
+	}
+	tok, ac, err := tenant.Account(dir, d0.Operator, d0.Account)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tok == d0.Accounts[d0.Account] {
+		t.Error("the account JWT did not change")
+	}
+	for _, k := range acme {
+		if _, ok := ac.Revocations[k]; !ok {
+			t.Errorf("acme's key %s is not revoked: %v", k, ac.Revocations)
+		}
+	}
+	if _, ok := ac.Revocations[bob]; ok || len(ac.Revocations) != 2 {
+		t.Errorf("revocations %v: want acme's two keys only", ac.Revocations)
+	}
+	// The directory still loads, and Account refuses what is not the
+	// account's JWT signed by the operator.
+	d, err := tenant.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := tenant.Account(dir, d.Operator, "ACCOUNT"); err == nil {
+		t.Error("Account took the JWT of another account")
+	}
+	op, _ := nkeys.CreateOperator()
+	forged, err := ac.Encode(op)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"junk", forged} {
+		if err := os.WriteFile(filepath.Join(dir, "account.jwt"), []byte(bad), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := tenant.Account(dir, d.Operator, d.Account); err == nil {
+			t.Errorf("Account took %.20q", bad)
 		}
 	}
 }

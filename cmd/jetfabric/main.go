@@ -51,7 +51,7 @@ var commands = []command{
 	{"bench", "measure the fabric against raw NATS", runBench},
 	{"train", "train an MNIST model, data-parallel over devices (starts an embedded fabric without --url)", runTrain},
 	{"certs", "make a certificate authority and TLS certificates for brokers and clients", runCerts},
-	{"tenant", "make the credentials of a fabric with tenants: init, add NAME, list", runTenant},
+	{"tenant", "make the credentials of a fabric with tenants: init, add NAME, list, revoke NAME", runTenant},
 	{"healthcheck", "exit 0 if a broker's JetStream is healthy", runHealthcheck},
 	{"version", "print the version of this build", runVersion},
 }
@@ -220,9 +220,11 @@ var helps = map[string]commandHelp{
 		"the devices named. The data comes from the Go module cache (or --data).",
 		[]string{"jetfabric train --epochs 1", "jetfabric train --model cnn --devices cpu-0,cpu-1 --save mnist.safetensors"}},
 	"tenant": {"Makes the credentials of a fabric with tenants: init makes an operator, the fabric's account\n" +
-		"and the service user (workers) in --dir; add makes a tenant's creds file and quotas. Start the\n" +
+		"and the service user (workers) in --dir; add makes a tenant's creds file and quotas; revoke ends\n" +
+		"every credential a tenant was given (a broker serving --dir applies it within a second). Start the\n" +
 		"broker with --auth DIR, workers with --creds DIR/service.creds, clients with --creds NAME.creds.",
-		[]string{"jetfabric tenant init --dir auth", "jetfabric tenant add acme --dir auth --sessions 8 --bytes 4GiB --fps 2000 --expires 720h"}},
+		[]string{"jetfabric tenant init --dir auth", "jetfabric tenant add acme --dir auth --sessions 8 --bytes 4GiB --fps 2000 --expires 720h",
+			"jetfabric tenant revoke acme --dir auth"}},
 	"version": {"Prints the version of this build, the Go version and the platform.",
 		[]string{"jetfabric version", "jetfabric --version"}},
 }

@@ -28,7 +28,7 @@ func runTenant(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		for _, e := range h.examples {
 			fmt.Fprintf(stderr, "  %s\n", e)
 		}
-		fmt.Fprintf(stderr, "\nUsage:\n  jetfabric tenant init --dir DIR\n  jetfabric tenant add NAME --dir DIR [--sessions N --bytes SIZE --fps F --expires DUR --url URL]\n  jetfabric tenant list --dir DIR\n")
+		fmt.Fprintf(stderr, "\nUsage:\n  jetfabric tenant init --dir DIR\n  jetfabric tenant add NAME --dir DIR [--sessions N --bytes SIZE --fps F --expires DUR --url URL]\n  jetfabric tenant list --dir DIR\n  jetfabric tenant revoke NAME --dir DIR\n")
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
 			return flag.ErrHelp
 		}
@@ -67,9 +67,26 @@ func runTenant(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			fmt.Fprintf(stdout, "%s\tsessions %d\tbytes %d\tfps %g\texpires %s\n", t.Name, t.Sessions, t.Bytes, t.FPS, exp)
 		}
 		return nil
+	case "revoke":
+		var name string
+		if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+			name, args = args[0], args[1:]
+		}
+		if err := parse(fs, args, stderr); err != nil {
+			return err
+		}
+		if name == "" || *dir == "" || fs.NArg() > 0 {
+			return errors.New("usage: jetfabric tenant revoke NAME --dir DIR")
+		}
+		n, err := tenant.Revoke(*dir, name)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "tenant %s: %d credentials revoked in %s; a broker serving it closes their connections within a second (new ones: jetfabric tenant add %s --replace)\n", name, n, *dir, name)
+		return nil
 	case "add":
 	default:
-		fmt.Fprintf(stderr, "jetfabric tenant: unknown subcommand %q (init, add, list)\n", sub)
+		fmt.Fprintf(stderr, "jetfabric tenant: unknown subcommand %q (init, add, list, revoke)\n", sub)
 		return errUsage
 	}
 	var name string

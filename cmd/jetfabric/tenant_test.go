@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -114,6 +115,7 @@ func TestTenants(t *testing.T) {
 		[]string{"bob"},
 		[]string{"quota", "--sessions", "1", "--bytes", "1MiB"},
 		[]string{"slow", "--fps", "0.01"},
+		[]string{"gone"},
 	)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -136,6 +138,90 @@ func TestTenants(t *testing.T) {
 	t.Run("graphs", func(t *testing.T) { testTenantGraphs(t, f, alice) })
 	t.Run("transfers", func(t *testing.T) { testTenantTransfers(t, f, alice) })
 	t.Run("forged records", func(t *testing.T) { testForgedRecords(t, f, alice, small0, large0) })
+	t.Run("revoke", func(t *testing.T) { testRevoke(t, f, alice) })
+}
+
+// testRevoke: `tenant revoke` on the running broker's auth directory
+// closes the tenant's connections and refuses its credentials, with a
+// message that says so; other tenants go on; new credentials work.
+func testRevoke(t *testing.T, f *tenantFabric, alice *client.Client) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	gone := f.connect(t, "gone")
+	s, err := gone.Open(ctx, "cpu-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := s.Full([]int{4}, 3)
+	if v, err := x.Add(x).Float32s(ctx); err != nil || v[0] != 6 {
+		t.Fatalf("gone's session before the revocation: %v %v", v, err)
+	}
+	// The server tells a connection why it closes it: an asynchronous
+	// error, then the close.
+	var why atomic.Value
+	closed := make(chan struct{})
+	raw, err := nats.Connect(f.url, nats.UserCredentials(f.creds("gone")), nats.NoReconnect(),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { why.CompareAndSwap(nil, err) }),
+		nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	r0, a0 := f.b.AccountReloads(), f.b.Violations().Authentication
+	var out, errb bytes.Buffer
+	if code := run(ctx, []string{"tenant", "revoke", "gone", "--dir", f.dir}, &out, &errb); code != 0 || !strings.Contains(out.String(), "1 credentials revoked") {
+		t.Fatalf("tenant revoke: %d\n%s%s", code, out.String(), errb.String())
+	}
+	select {
+	case <-closed:
+		if err, _ := why.Load().(error); !errors.Is(err, nats.ErrAuthRevoked) {
+			t.Errorf("a revoked connection closed after %v", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("a revoked tenant's connection stayed open")
+	}
+	poll.Until(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if n := f.b.AccountReloads() - r0; n != 1 {
+			return fmt.Errorf("account JWT applied %d times, want 1", n)
+		}
+		return nil
+	})
+	if _, err := client.Connect(f.url, client.WithCreds(f.creds("gone"))); !errors.Is(err, client.ErrCredentials) || !strings.Contains(err.Error(), "revoked") {
+		t.Errorf("revoked credentials: %v", err)
+	}
+	// The client gives up reconnecting once the broker refuses its
+	// credentials, and says so.
+	poll.Until(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if err := s.Sync(ctx); !errors.Is(err, client.ErrCredentials) || !strings.Contains(err.Error(), "gone.creds") {
+			return fmt.Errorf("a revoked tenant's session: %v", err)
+		}
+		return nil
+	})
+	if n := f.b.Violations().Authentication - a0; n == 0 {
+		t.Error("the refused credentials were not counted")
+	}
+	// Alice goes on; gone's new credentials work.
+	sa, err := alice.Open(ctx, "cpu-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	y := sa.Full([]int{2}, 5)
+	if v, err := y.Mul(y).Float32s(ctx); err != nil || v[0] != 25 {
+		t.Errorf("alice after gone's revocation: %v %v", v, err)
+	}
+	_ = sa.Close(ctx)
+	if code := run(ctx, []string{"tenant", "add", "gone", "--replace", "--dir", f.dir}, &out, &errb); code != 0 {
+		t.Fatalf("tenant add --replace: %s", errb.String())
+	}
+	again := f.connect(t, "gone")
+	s2, err := again.Open(ctx, "cpu-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	z := s2.Full([]int{2}, 2)
+	if v, err := z.Add(z).Float32s(ctx); err != nil || v[0] != 4 {
+		t.Errorf("gone's new credentials: %v %v", v, err)
+	}
 }
 
 // testForgedRecords: a tenant cannot subscribe to or publish into the
@@ -661,6 +747,11 @@ func TestTenantCommand(t *testing.T) {
 		{"add", "x", "--dir", dir, "--sessions", "-1"},
 		{"add", "x", "--dir", t.TempDir()}, // not an auth directory
 		{"list", "--dir", t.TempDir()},
+		{"revoke", "--dir", dir},              // no name
+		{"revoke", "nobody", "--dir", dir},    // no such tenant
+		{"revoke", "a.b", "--dir", dir},       // not a tenant's name
+		{"revoke", "x", "--dir", t.TempDir()}, // not an auth directory
+		{"revoke", "x", "y", "--dir", dir},    // two names
 	} {
 		if code, out := runT(bad...); code == 0 {
 			t.Errorf("tenant %v succeeded:\n%s", bad, out)
