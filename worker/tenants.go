@@ -158,7 +158,7 @@ func (w *Worker) tenantStore(tenant string) (*objectstore.Store, error) {
 	// Opened without the lock (it asks the server); two at once keep
 	// the first.
 	bucket := w.names.TenantXferBucket(tenant)
-	s, err := objectstore.New(w.js, bucket, objectstore.WithTimeout(w.cfg.ObjectTimeout))
+	s, err := objectstore.New(w.xferJS, bucket, objectstore.WithTimeout(w.cfg.ObjectTimeout))
 	if err != nil {
 		if errors.Is(err, objectstore.ErrBucketNotFound) {
 			return nil, failf(codec.CodePermission, "tenant %s has no object bucket %s (provision it: jetfabric tenant add --server)", tenant, bucket)

@@ -28,8 +28,11 @@ type Worker struct {
 	ctrl  jetstream.KeyValue
 	xfer  *objectstore.Store
 	ckpt  *objectstore.Store
-	// ckptNC is the connection of ckpt (see dialCheckpoints); nil: nc.
-	ckptNC *nats.Conn
+	// ckptNC is the connection of ckpt, xferNC that of xfer and the
+	// tenants' buckets (see dial); nil: nc.
+	ckptNC, xferNC *nats.Conn
+	// xferJS is xferNC's JetStream (js without xferNC).
+	xferJS jetstream.JetStream
 
 	devices []*device
 	jobs    []*jobLoop
@@ -81,20 +84,14 @@ func (w *Worker) Start(ctx context.Context) error {
 	if w.ctrl, err = w.js.KeyValue(ctx, w.names.CtrlBucket()); err != nil {
 		return fmt.Errorf("worker: bucket %s: %w", w.names.CtrlBucket(), err)
 	}
-	if w.xfer, err = objectstore.New(w.js, w.names.XferBucket(), objectstore.WithTimeout(w.cfg.ObjectTimeout)); err != nil {
-		return fmt.Errorf("worker: %w", err)
+	var ckptJS jetstream.JetStream
+	w.xferNC, w.xferJS = w.dial("transfers")
+	w.ckptNC, ckptJS = w.dial("checkpoints")
+	if w.xfer, err = objectstore.New(w.xferJS, w.names.XferBucket(), objectstore.WithTimeout(w.cfg.ObjectTimeout)); err == nil {
+		w.ckpt, err = objectstore.New(ckptJS, w.names.CkptBucket(), objectstore.WithTimeout(w.cfg.ObjectTimeout))
 	}
-	ckptJS := w.js
-	if w.ckptNC = w.dialCheckpoints(); w.ckptNC != nil {
-		if ckptJS, err = jetstream.New(w.ckptNC); err != nil {
-			w.ckptNC.Close()
-			w.ckptNC, ckptJS = nil, w.js
-		}
-	}
-	if w.ckpt, err = objectstore.New(ckptJS, w.names.CkptBucket(), objectstore.WithTimeout(w.cfg.ObjectTimeout)); err != nil {
-		if w.ckptNC != nil {
-			w.ckptNC.Close()
-		}
+	if err != nil {
+		w.closeSecond()
 		return fmt.Errorf("worker: %w", err)
 	}
 	if w.cfg.Tenants {
@@ -193,9 +190,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 	case <-ctx.Done():
 		return fmt.Errorf("worker: stop: %w", ctx.Err())
 	}
-	if w.ckptNC != nil {
-		w.ckptNC.Close()
-	}
+	w.closeSecond()
 	var errs []error
 	for _, d := range w.devices {
 		errs = append(errs, d.stopErr)
@@ -328,22 +323,41 @@ func (w *Worker) logf(format string, args ...any) {
 	}
 }
 
-// dialCheckpoints opens the worker's second connection, with the options
-// of its first, for checkpoint writes and restore reads: an object of
-// hundreds of megabytes written or read on the connection that carries
-// the results and the frames would hold them back (a result published
-// behind a checkpoint's window of chunks waited tens of milliseconds).
-// nil when it cannot be opened: the first connection serves then.
-func (w *Worker) dialCheckpoints() *nats.Conn {
+// dial opens another connection of the worker, with the options of its
+// first, for the objects of purpose and its JetStream: checkpoint writes
+// and restore reads, or transfers (uploads, large results, collective
+// pieces). An object of megabytes written or read on the connection that
+// carries the frames, the results and the key-value writes would hold them
+// back: a result published behind a checkpoint's window of chunks waited
+// tens of milliseconds, and the small all_reduce that ends a data-parallel
+// step's backward (its pieces in key-value announcements) waited behind the
+// chunks of the large one still moving. On failure, nil and the first
+// connection's JetStream, which serves then.
+func (w *Worker) dial(purpose string) (*nats.Conn, jetstream.JetStream) {
 	opts := w.nc.Opts
-	opts.Name = strings.TrimSpace(opts.Name + " checkpoints")
+	opts.Name = strings.TrimSpace(opts.Name + " " + purpose)
 	// The caller's handlers are for its own connection.
 	opts.ClosedCB, opts.DisconnectedCB, opts.DisconnectedErrCB, opts.ConnectedCB = nil, nil, nil, nil
 	opts.ReconnectedCB, opts.DiscoveredServersCB, opts.AsyncErrorCB, opts.ReconnectErrCB = nil, nil, nil, nil
 	nc, err := opts.Connect()
 	if err != nil {
-		w.logf("worker: a connection of its own for checkpoints: %v; they share the worker's", err)
-		return nil
+		w.logf("worker: a connection of its own for %s: %v; they share the worker's", purpose, err)
+		return nil, w.js
 	}
-	return nc
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		w.logf("worker: a connection of its own for %s: %v; they share the worker's", purpose, err)
+		return nil, w.js
+	}
+	return nc, js
+}
+
+// closeSecond closes the connections dial opened.
+func (w *Worker) closeSecond() {
+	for _, nc := range []*nats.Conn{w.ckptNC, w.xferNC} {
+		if nc != nil {
+			nc.Close()
+		}
+	}
 }
