@@ -2048,7 +2048,7 @@ class Fabric:
             m = self.conn.request("%s.svc.registry" % self.prefix, b"")
             if m.headers.get("Nats-Service-Error"):
                 raise FabricError("device registry: %s" % m.headers.get("Nats-Service-Error"))
-            return sorted(json.loads(m.data), key=lambda d: d.get("name", ""))
+            return sorted(json.loads(bytes(m.data)), key=lambda d: d.get("name", ""))
         stream = "KV_" + self.ctrl_bucket
         prefix = "$KV.%s.device." % self.ctrl_bucket
         info = self.conn.js_api("STREAM.INFO." + stream, {"subjects_filter": prefix + ">"})
@@ -2111,7 +2111,7 @@ class Fabric:
             return json.loads(raw) if raw else None
         if m.headers.get("KV-Operation") in ("DEL", "PURGE"):
             return None
-        return json.loads(m.data)
+        return json.loads(bytes(m.data))
 
     def _registry_service_entry(self, name: str, timeout: Optional[float] = None) -> Optional[dict]:
         """Device name's entry in the broker's registry service's list
@@ -2121,7 +2121,7 @@ class Fabric:
         if m.headers.get("Nats-Service-Error"):
             raise FabricError("device registry: %s" % m.headers.get("Nats-Service-Error"))
         try:
-            devs = json.loads(m.data)
+            devs = json.loads(bytes(m.data))
         except ValueError as e:
             raise FabricError("device registry: undecodable answer: %s" % e) from None
         for d in devs if isinstance(devs, list) else []:
