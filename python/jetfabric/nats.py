@@ -627,11 +627,11 @@ class Connection:
                                 struct.pack("ll", int(w), int((w % 1) * 1e6)))
             except (OSError, struct.error):
                 pass
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)  # type: ignore[union-attr]
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)  # type: ignore[union-attr]
-        except OSError:
-            pass
+        # The socket's buffers are left to the kernel's autotuning, as
+        # nats.go leaves them: on Linux a fixed SO_RCVBUF or SO_SNDBUF turns
+        # autotuning off (a receive buffer may grow to tcp_rmem's maximum,
+        # 32 MiB on the development VM, a fixed 4 MiB may not), and 64 MiB
+        # transfers measured no faster with them fixed (BENCHMARKS.md).
         want_tls = self._want_tls or srv.scheme == "tls"
         if self._handshake_first:
             self._start_tls(link, url, srv.host)
