@@ -362,6 +362,18 @@ class TestSemantics(FabricTest):
 
 
 class TestObjectStore(FabricTest):
+    def test_put_retries_out_of_range(self):
+        # How often a write may start over is checked before anything is sent.
+        for bad in (-1, 1001):
+            with self.subTest(retries=bad):
+                name = "pytest-retries-" + os.urandom(8).hex()
+                with self.assertRaises(ValueError) as cm:
+                    fab.objects.put(name, b"abc", retries=bad)
+                self.assertIn("want 0 to 1000", str(cm.exception))
+                self.assertIsNone(fab.objects.info(name))
+        with self.assertRaises(TypeError):
+            fab.objects.put("pytest-retries-type", b"abc", retries="8")  # type: ignore[arg-type]
+
     def test_large_upload_and_read(self):
         n = 6 << 20  # f32 elements: 24 MiB, over the inline limits both ways
         data = bytes(random.Random(5).getrandbits(8) for _ in range(4096)) * (n * 4 // 4096)

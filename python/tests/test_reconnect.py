@@ -312,6 +312,28 @@ class TestLostAnswers(unittest.TestCase):
             self.assertEqual((meta["size"], meta["chunks"]), (len(data), 96))
             s.close()
 
+    def test_object_write_without_retries(self):
+        # With retries=0 a write whose acknowledgement is lost with the
+        # connection does not start over: it raises, saying it gave up, and
+        # stores no object; the connection is made again all the same.
+        n = 4 << 20  # 16 chunks
+        data = os.urandom(4096) * (n // 4096)
+        with jetfabric.connect(self.proxy.url) as fab:
+            fab.conn.flush()
+            name = "pytest-noretry-" + os.urandom(8).hex()
+            self.proxy.drop(re.compile(re.escape(fab.conn._mux_prefix.encode()) + rb"[0-9a-f]+\.5$"), cut=True)
+            with self.assertRaises(jetfabric.DisconnectedError) as cm:
+                fab.objects.put(name, data, retries=0)
+            self.assertIn("gave up after 0 restarts", str(cm.exception))
+            self.assertEqual(self.proxy.dropped, 1)
+            self.assertEqual(fab.objects.restarts, 0)
+            fab.conn.wait_connected(30)
+            self.assertIsNone(fab.objects.info(name))
+            # The next write, with the default retries, is stored.
+            meta = fab.objects.put(name, data)
+            self.assertEqual((meta["size"], meta["chunks"]), (n, 16))
+            self.assertEqual(hashlib.sha256(fab.objects.get(name)).digest(), hashlib.sha256(data).digest())
+
     def test_reconnects_to_another_url(self):
         with jetfabric.connect([self.proxy.url, procs.url]) as fab:
             self.assertEqual(fab.conn.url, self.proxy.url)
