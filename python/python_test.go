@@ -1,10 +1,11 @@
 // Package python_test runs the Python package's own tests (python/tests,
 // stdlib unittest) against a real fabric: a broker and a worker serving
 // cpu-0 and cpu-1 and taking cpu jobs, and a second worker serving idle-0,
-// whose sessions are freed after a second without frames or heartbeats;
-// and tests/test_reconnect.py against broker and worker processes of the
-// jetfabric binary built here, which it stops and starts itself.
-// It picks python3 from
+// whose sessions are freed after a second without frames or heartbeats,
+// a device gone-0 whose worker stopped, and a second fabric whose op
+// stream refuses frames over 64 KiB; and tests/test_reconnect.py against
+// broker and worker processes of the jetfabric binary built here, which it
+// stops and starts itself. It picks python3 from
 // JETFABRIC_PYTHON, else the first python3 (on PATH, then /usr/bin) that
 // has numpy, else the first there is; without one it skips.
 package python_test
@@ -72,11 +73,18 @@ func TestPythonPackage(t *testing.T) {
 		c.Heartbeat = 100 * time.Millisecond
 		c.IdleTimeout = time.Second
 	})
+	// gone-0 is registered and no worker serves it: its worker stopped.
+	stopGone(t, b)
+	// A fabric whose op stream stores frames of at most 64 KiB: larger
+	// ones are refused (tests/test_fabric.py's TestRefusedFrames).
+	small := brokertest.Run(t, func(c *broker.Config) { c.Provision.OpsMaxMsgSize = 64 << 10 })
+	workertest.Run(t, small, workertest.CPUs(1))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, py, "-m", "unittest", "discover", "-s", "tests", "-t", ".", "-v")
 	cmd.Env = append(os.Environ(), "JETFABRIC_URL="+b.ClientURL(), "PYTHONPATH=.", "PYTHONDONTWRITEBYTECODE=1",
-		"JETFABRIC_IDLE_DEVICE=idle-0", "JETFABRIC_GO_GRAPH="+goGraphName(t, b.ClientURL()),
+		"JETFABRIC_IDLE_DEVICE=idle-0", "JETFABRIC_GONE_DEVICE=gone-0", "JETFABRIC_SMALL_FRAMES_URL="+small.ClientURL(),
+		"JETFABRIC_GO_GRAPH="+goGraphName(t, b.ClientURL()),
 		"JETFABRIC_RECONNECT_TESTS=0") // TestPythonReconnect runs them
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -85,6 +93,18 @@ func TestPythonPackage(t *testing.T) {
 	t.Logf("%s", out)
 	if !strings.Contains(string(out), "\nOK") {
 		t.Fatalf("unittest did not report OK:\n%s", out)
+	}
+}
+
+// stopGone registers device gone-0 on b with a worker of its own, and stops
+// that worker: the registry keeps the entry (stopped), and no worker serves it.
+func stopGone(t *testing.T, b *broker.Broker) {
+	t.Helper()
+	w := workertest.Run(t, b, []worker.Device{{Name: "gone-0", Kind: "cpu", Backend: cpu.New()}})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := w.Stop(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -244,6 +264,7 @@ func TestPythonTenant(t *testing.T) {
 	}
 	b := brokertest.Run(t, func(c *broker.Config) { c.AuthDir = dir })
 	workertest.Run(t, b, workertest.CPUs(1))
+	stopGone(t, b)
 	// A signature by Go's nkeys, for the Python one to match.
 	kp, err := nkeys.CreateUser()
 	if err != nil {
@@ -257,7 +278,7 @@ func TestPythonTenant(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, py, "-m", "unittest", "-v", "tests.test_tenant")
-	cmd.Env = append(os.Environ(), "JETFABRIC_TENANT_URL="+b.ClientURL(), "JETFABRIC_TENANT_CREDS="+creds,
+	cmd.Env = append(os.Environ(), "JETFABRIC_TENANT_URL="+b.ClientURL(), "JETFABRIC_TENANT_CREDS="+creds, "JETFABRIC_GONE_DEVICE=gone-0",
 		"JETFABRIC_TENANT_FOREIGN="+foreign, "JETFABRIC_NKEY_VECTOR="+vector, "PYTHONPATH=.", "PYTHONDONTWRITEBYTECODE=1")
 	out, err := cmd.CombinedOutput()
 	if err != nil {

@@ -26,6 +26,7 @@ from __future__ import annotations
 import calendar
 import json
 import math
+import re
 import secrets
 import struct
 import threading
@@ -81,6 +82,9 @@ Shape = Tuple[int, ...]
 Scalar = Union[int, float, bool]
 
 _BIG = 1 << 62  # an end past any axis: slice bounds clamp
+
+# A device or session token (docs/PROTOCOL.md §1).
+_TOKEN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def _numel(shape: Sequence[int]) -> int:
@@ -796,7 +800,12 @@ class Session:
         self._next_tag = 0
         self._lock = threading.Lock()
         self._waits: Dict[int, _Wait] = {}
-        self._failure: Optional[Exception] = None  # a refused frame: every later wait raises it
+        # Frames the stream refused, not yet reported: the next read or
+        # sync raises the first (see _refused).
+        self._refusals: List[Exception] = []
+        # The connection closed for good with frames unacknowledged: every
+        # later wait raises it.
+        self._failure: Optional[Exception] = None
         self._frame = 0  # frames published, numbered from 1 in Fabric-Frame
         self._untagged: List[dict] = []
         # Frames published asking for the stream's acknowledgement and not
@@ -1063,7 +1072,9 @@ class Session:
         ACK_WAIT (lost with the connection, say), or comes as a failure that
         says nothing about the frame (no responders, no stream leader), is
         published again, with its id, by the fabric's redelivery thread until
-        the stream stores it; a refusal fails the session's next wait. With
+        the stream stores it; a refusal is raised by the session's next read
+        or sync (once), and an empty frame of the same number takes its place
+        so that the worker runs the frames after it (see _refused). With
         waited (the frame of a read, sync or close) it is a plain publish,
         the worker's answer proving it stored, and _call checks the stream
         when the answer is late (docs/PROTOCOL.md §3). While the connection
@@ -1136,6 +1147,7 @@ class Session:
             fr.err = err
             fr.due = now + fr.wait
             self._pending[fr.n] = fr
+            self._cv.notify_all()  # (_settle does not wait for it)
         self.f._track(self)
 
     def _due(self, now: float) -> List["_Frame"]:
@@ -1172,22 +1184,64 @@ class Session:
         return self._stream_known
 
     def _refused(self, fr: "_Frame", err: Exception) -> None:
-        """The stream refuses frame fr: every later wait of the session raises err."""
+        """The stream refuses frame fr (final: over its max message size, full,
+        sealed, or no stream captures the subject). The session's next read or
+        sync raises err, once, as the Go client's does (docs/PROTOCOL.md §3);
+        the reads and syncs after it carry on. An empty frame of fr's number
+        (Nats-Msg-Id <subject>-<n>-r) is published in its place until the
+        stream stores it, so that the worker, which runs a session's frames in
+        the order of their numbers, does not hold the later frames waiting
+        for fr; the ops that used what fr would have made fail with
+        unknown_id."""
         with self._cv:
             self._pending.pop(fr.n, None)
-            if self._failure is None:
-                self._failure = err
+            if not fr.replacement:
+                self._refusals.append(err)
             self._cv.notify_all()
-            waits = list(self._waits.values())
-        for w in waits:
-            w.ev.set()
+        if not isinstance(err, NoRespondersError):  # (no stream would store a replacement either)
+            self._replace(fr.n)
+
+    def _replace(self, n: int) -> None:
+        """Publishes an empty frame numbered n in place of a refused frame,
+        again (backoff from 50 ms to 2 s) until the stream stores it."""
+        headers = {"Fabric-Reply": self.inbox, "Fabric-Frame": str(n), "Nats-Msg-Id": "%s-%d-r" % (self.subject, n)}
+        fr = _Frame(n, cbor.dumps({"v": PROTOCOL_VERSION, "ops": []}), headers)
+        fr.replacement = True
+        self._redeliver(fr, JetStreamError("in place of refused frame %d" % n, 0, 0, ""))
+        self.f._wake_redeliver()
+
+    def _take_refusals(self) -> Optional[Exception]:
+        """The refusals not yet reported, as one exception (None when there is
+        none): the first, naming how many more there were."""
+        with self._cv:
+            errs, self._refusals = self._refusals, []
+        if not errs:
+            return None
+        first = errs[0]
+        if len(errs) > 1:
+            first.args = ("%s (and %d more frames refused)" % (first, len(errs) - 1),) + tuple(first.args[1:])
+        return first
+
+    def _settle(self, upto: int) -> None:
+        """Waits, at most _SETTLE_WAIT, until the stream has answered every
+        frame numbered up to upto that asked for an acknowledgement, so that
+        a refusal of a frame sent before a call's own is raised by that call.
+        It seldom waits: those answers come before the worker's answer to a
+        later frame."""
+        deadline = time.monotonic() + _SETTLE_WAIT
+        with self._cv:
+            while any(n <= upto and not fr.err for n, fr in self._pending.items()):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._cv.wait(left)
 
     def _on_ack(self, m: Optional[Msg]) -> None:
         """The stream's answer to frame n, on <ack reply>.<n> (reader thread);
         None when the connection was lost with the answers in flight."""
         if m is None:
             if self.f.conn.closed:
-                self._refused(_Frame(0, b"", {}), self.f.conn._closed or ConnectionClosedError("connection closed"))
+                self._closed_for_good(self.f.conn._closed or ConnectionClosedError("connection closed"))
                 return
             now = time.monotonic()
             with self._cv:
@@ -1212,11 +1266,23 @@ class Session:
                 del self._pending[n]
                 self._cv.notify_all()
                 return
-        if transient(err):
+        if transient(err) or fr.replacement:
+            # (An empty frame in place of a refused one is published until stored.)
             self._redeliver(fr, err)
             self.f._wake_redeliver()
             return
         self._refused(fr, err)
+
+    def _closed_for_good(self, err: Exception) -> None:
+        """The connection is closed for good with frames unacknowledged:
+        every wait of the session ends and raises err."""
+        with self._cv:
+            if self._failure is None:
+                self._failure = err
+            self._cv.notify_all()
+            waits = list(self._waits.values())
+        for w in waits:
+            w.ev.set()
 
     def _on_result(self, m: Optional[Msg]) -> None:
         if m is None:
@@ -1309,8 +1375,12 @@ class Session:
                 except _Refused as e:
                     if w.ev.is_set():
                         break
-                    raise FabricError("%s on %s: frame %d of session %s was not stored by stream %s: %s" % (
-                        name, self.device, fr.n, self.token, self.f.ops_stream, e)) from None
+                    if not e.no_stream:
+                        self._replace(fr.n)
+                    earlier = self._take_refusals()
+                    raise FabricError("%s on %s: frame %d of session %s was not stored by stream %s: %s%s" % (
+                        name, self.device, fr.n, self.token, self.f.ops_stream, e,
+                        "; and before it: %s" % earlier if earlier else "")) from None
                 except FabricUnavailableError as e:
                     if w.ev.is_set():
                         break
@@ -1349,6 +1419,15 @@ class Session:
         if w.result.get("tag", 0) == 0:
             with self._lock:
                 errs, self._untagged = self._untagged or errs, []
+        # A frame sent before this one and refused by the stream is reported
+        # here, once (the worker's errors ride along as its cause).
+        if fr is not None:
+            self._settle(fr.n - 1)
+        refused = self._take_refusals()
+        if refused is not None:
+            if errs:
+                raise refused from op_error(errs)
+            raise refused
         if errs:
             raise op_error(errs)
         return w.result
@@ -1374,7 +1453,7 @@ class Session:
                 ack = parse_ack(conn.request(self.subject, fr.data, headers=fr.headers, timeout=_PROBE_TIMEOUT), self.subject)
             except NoRespondersError as e:
                 if not self.f.tenant and not conn.stream_captures(self.subject):
-                    raise _Refused("no stream captures %s" % self.subject) from None
+                    raise _Refused("no stream captures %s" % self.subject, no_stream=True) from None
                 raise self.f._diagnose(e) from None
             except JetStreamError as e:
                 if not transient(e):
@@ -1486,14 +1565,18 @@ _REDELIVER_MAX = 2.0
 # after the fabric stopped answering it.
 _MAX_FRAME_CHECK = 1.0
 _PROBE_TIMEOUT = 0.75
+# A call waits at most _SETTLE_WAIT for the stream's answers to the frames
+# sent before its own (see Session._settle).
+_SETTLE_WAIT = 1.0
 
 
 class _Frame:
     """A frame of a session: its number, bytes and headers, and, while the
     stream has not said it stores it, when to publish it again (due), the
-    backoff (wait), since when it waits (since) and the last failure (err)."""
+    backoff (wait), since when it waits (since) and the last failure (err);
+    replacement marks an empty frame published in place of a refused one."""
 
-    __slots__ = ("n", "data", "headers", "due", "wait", "since", "err")
+    __slots__ = ("n", "data", "headers", "due", "wait", "since", "err", "replacement")
 
     def __init__(self, n: int, data: bytes, headers: Dict[str, str]):
         self.n = n
@@ -1503,10 +1586,16 @@ class _Frame:
         self.wait = _REDELIVER_WAIT
         self.since = 0.0
         self.err: Optional[Exception] = None
+        self.replacement = False
 
 
 class _Refused(Exception):
-    """A stream's refusal of a frame (inside _call)."""
+    """A stream's refusal of a frame (inside _call); no_stream when no stream
+    captures the session's subject."""
+
+    def __init__(self, why: str, no_stream: bool = False):
+        super().__init__(why)
+        self.no_stream = no_stream
 
 
 # -- jobs -------------------------------------------------------------------
@@ -1959,7 +2048,7 @@ class Fabric:
             m = self.conn.request("%s.svc.registry" % self.prefix, b"")
             if m.headers.get("Nats-Service-Error"):
                 raise FabricError("device registry: %s" % m.headers.get("Nats-Service-Error"))
-            return sorted(json.loads(m.data), key=lambda d: d.get("name", ""))
+            return sorted(json.loads(bytes(m.data)), key=lambda d: d.get("name", ""))
         stream = "KV_" + self.ctrl_bucket
         prefix = "$KV.%s.device." % self.ctrl_bucket
         info = self.conn.js_api("STREAM.INFO." + stream, {"subjects_filter": prefix + ">"})
@@ -2003,9 +2092,11 @@ class Fabric:
         if m.status and m.status != "404":
             raise JetStreamError("registry entry %s: status %s %s" % (name, m.status, m.headers.get("Description", "")),
                                  int(m.status) if m.status.isdigit() else 0, 0, m.headers.get("Description", ""))
-        if m.status == "404" or not m.data:
+        if m.status == "404" or not m.data or m.headers.get("KV-Operation") in ("DEL", "PURGE"):
             if self.tenant:
-                return None
+                # A tenant may not ask the stream's leader: the registry
+                # service reads the entries through a watch the leader serves.
+                return self._registry_service_entry(name, timeout)
             try:
                 r = self.conn.js_api("STREAM.MSG.GET.KV_" + self.ctrl_bucket, {"last_by_subj": subject}, timeout=timeout)
             except JetStreamError as e:
@@ -2020,19 +2111,46 @@ class Fabric:
             return json.loads(raw) if raw else None
         if m.headers.get("KV-Operation") in ("DEL", "PURGE"):
             return None
-        return json.loads(m.data)
+        return json.loads(bytes(m.data))
+
+    def _registry_service_entry(self, name: str, timeout: Optional[float] = None) -> Optional[dict]:
+        """Device name's entry in the broker's registry service's list
+        (<prefix>.svc.registry, docs/PROTOCOL.md §14: the stream leader's
+        view), or None when the list does not hold it."""
+        m = self.conn.request("%s.svc.registry" % self.prefix, b"", timeout=timeout)
+        if m.headers.get("Nats-Service-Error"):
+            raise FabricError("device registry: %s" % m.headers.get("Nats-Service-Error"))
+        try:
+            devs = json.loads(bytes(m.data))
+        except ValueError as e:
+            raise FabricError("device registry: undecodable answer: %s" % e) from None
+        for d in devs if isinstance(devs, list) else []:
+            if isinstance(d, dict) and d.get("name") == name:
+                return d
+        return None
 
     def live_devices(self) -> List[str]:
         """The names of the live devices."""
         return [d["name"] for d in self.devices() if live(d)]
 
     def session(self, device: Optional[str] = None) -> Session:
-        """Opens a session on device (default: the first live device)."""
+        """Opens a session on device (default: the first live device).
+
+        The device must be registered and live (serving, with a heartbeat
+        under 10 s old), as the Go client's Open requires: a name that is not
+        a device token (1 to 64 of A-Z a-z 0-9 _ -) raises ValueError; a
+        device the registry does not hold, or whose entry is not live, raises
+        NoDeviceError saying which (a registry read by a direct get, which any
+        replica answers, is checked with the stream's leader, or for a tenant
+        with the broker's registry service, before the device is called
+        unregistered or not serving); a registry that cannot be read raises
+        FabricError."""
         if device is None:
             names = self.live_devices()
             if not names:
                 raise FabricError("no live device is registered in %s: start a worker" % self.ctrl_bucket)
             device = names[0]
+        self._check_device(device)
         s = Session(self, device)
         with self._lock:
             self._sessions.append(s)
@@ -2042,6 +2160,36 @@ class Fabric:
         return s
 
     open = session
+
+    def _check_device(self, device: str) -> None:
+        """Raises unless device is a registered, live device (see session)."""
+        if not isinstance(device, str) or not _TOKEN.fullmatch(device):
+            raise ValueError("device %r: want 1 to 64 characters of A-Z a-z 0-9 _ - (python -m jetfabric devices lists "
+                             "the devices)" % (device,))
+        try:
+            d = self._device_entry(device)
+        except FabricError as e:
+            raise type(e)("device registry %s: %s" % (self.ctrl_bucket, e)) from None
+        except ValueError as e:  # an entry that is not JSON
+            raise FabricError("registry entry %s: %s" % (device, e)) from None
+        if d is None:
+            raise NoDeviceError("%s is not registered (python -m jetfabric devices lists them)" % device)
+        if not live(d) and self.tenant:
+            # A tenant's direct get may be answered by a replica that has
+            # not caught up: the registry service reads the leader's.
+            try:
+                ld = self._registry_service_entry(device)
+            except FabricError:
+                ld = None
+            if ld is not None:
+                d = ld
+        if not live(d):
+            try:
+                ago = "%.0fs ago" % (time.time() - _parse_time(d.get("beat", "")))
+            except (ValueError, TypeError, AttributeError):
+                ago = "unknown"
+            raise NoDeviceError("%s is %s, last heartbeat %s: no worker serves it (start one)" % (
+                device, d.get("state") or "not serving", ago))
 
     def default_session(self) -> Session:
         """The session tensor() uses, opened on the first live device when first needed."""

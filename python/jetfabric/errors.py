@@ -77,8 +77,10 @@ class NoQuorumError(FabricUnavailableError):
 
 
 class NoDeviceError(FabricError):
-    """No worker has served the session's device (a serving registry entry
-    with a recent heartbeat) for the fabric's device timeout."""
+    """The device is not registered or not serving: Fabric.session found no
+    live registry entry for it (serving, with a recent heartbeat), or no
+    worker has served a session's device for the fabric's device timeout
+    while a read, sync or close waited (the Go client's ErrNoDevice)."""
 
 
 class JetStreamError(FabricError):

@@ -627,11 +627,11 @@ class Connection:
                                 struct.pack("ll", int(w), int((w % 1) * 1e6)))
             except (OSError, struct.error):
                 pass
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)  # type: ignore[union-attr]
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)  # type: ignore[union-attr]
-        except OSError:
-            pass
+        # The socket's buffers are left to the kernel's autotuning, as
+        # nats.go leaves them: on Linux a fixed SO_RCVBUF or SO_SNDBUF turns
+        # autotuning off (a receive buffer may grow to tcp_rmem's maximum,
+        # 32 MiB on the development VM, a fixed 4 MiB may not), and 64 MiB
+        # transfers measured no faster with them fixed (BENCHMARKS.md).
         want_tls = self._want_tls or srv.scheme == "tls"
         if self._handshake_first:
             self._start_tls(link, url, srv.host)
@@ -731,6 +731,9 @@ class Connection:
     def _install_link(self, link: _Link, srv: Server) -> None:
         """Makes link the connection's socket (the caller holds _wlock or is __init__)."""
         self._sock = link.sock
+        # A plain socket sends a message's parts in one system call (its
+        # header line, payload and CRLF, without joining them).
+        self._vectored = isinstance(link.sock, socket.socket) and hasattr(link.sock, "sendmsg")
         self._rest = link.rest()
         self.info = link.info
         self.max_payload: int = int(link.info.get("max_payload", 1 << 20))
@@ -1102,8 +1105,11 @@ class Connection:
                 self._keep(b"".join(parts))
                 return
             try:
-                for p in parts:
-                    self._sock.sendall(p)
+                if len(parts) > 1 and self._vectored:
+                    _sendmsg_all(self._sock, parts)  # type: ignore[arg-type]
+                else:
+                    for p in parts:
+                        self._sock.sendall(p)
             except OSError as e:
                 self._broken(e)
                 if not self._reconnect:
@@ -1386,6 +1392,24 @@ class Connection:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _sendmsg_all(sock: socket.socket, parts: Sequence[Data]) -> None:
+    """Sends parts in order, as sendall would each, with as few sendmsg
+    calls as the socket takes (one, unless its buffer fills)."""
+    bufs = [memoryview(p).cast("B") for p in parts]
+    while bufs:
+        n = sock.sendmsg(bufs)
+        while n > 0:
+            first = bufs[0].nbytes
+            if n >= first:
+                n -= first
+                bufs.pop(0)
+            else:
+                bufs[0] = bufs[0][n:]
+                n = 0
+        while bufs and not bufs[0].nbytes:
+            bufs.pop(0)
 
 
 # _WRITE_STALL is the least time a send may make no progress before the

@@ -7,8 +7,8 @@ within their timeout: a batch of chunks whose answers were lost is asked
 again from where it stopped, a follow's subscription is made again by the
 connection (the chunks published meanwhile are read from the stream), and a
 wait for a meta looks again once connected. A write whose acknowledgements
-were lost with the connection fails (DisconnectedError) and purges what it
-wrote; write again.
+were lost with the connection starts over once connected, on a new chunk
+subject, as the Go client's writes do (see ObjectStore.put).
 """
 
 from __future__ import annotations
@@ -23,13 +23,16 @@ import time
 from datetime import datetime, timezone
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
-from .errors import ConnectionClosedError, DisconnectedError, ObjectStoreError, TimeoutError
+from .errors import (ConnectionClosedError, DisconnectedError, FabricError, JetStreamError, NoRespondersError,
+                     ObjectStoreError, TimeoutError)
 from .nats import Connection, Msg, parse_ack
 
 __all__ = ["ObjectStore", "digest_string", "CHUNK_SIZE"]
 
 CHUNK_SIZE = 256 << 10
 WINDOW = 64
+# How many times a write starts over (the Go objectstore's DefaultRetries).
+RETRIES = 8
 READ_AHEAD = 4 << 20
 
 
@@ -47,21 +50,36 @@ def parse_digest(s: str) -> bytes:
 
 def buffer(size: int) -> Union[bytearray, memoryview]:
     """A zeroed buffer of size bytes to read an object into: a bytearray
-    when small, else a memoryview of an anonymous mmap with its pages
-    supplied at once (MAP_POPULATE, one system call, without the
-    interpreter's lock). bytearray(n) zeroes n bytes holding the lock, and
-    pages touched one at a time cost a fault each: 64 MiB took 35 ms and 50
-    to 110 ms those ways on a 2-core VM, 22 to 29 ms populated."""
+    when small, else a memoryview of an anonymous mmap whose pages are
+    supplied at once, without the interpreter's lock: transparent huge
+    pages where the kernel gives them (MADV_HUGEPAGE, then
+    MADV_POPULATE_WRITE: Linux 5.14 or later), else small pages
+    (MAP_POPULATE). bytearray(n) zeroes n bytes holding the lock, and pages
+    touched one at a time cost a fault each: 64 MiB took about 50 ms and 50
+    to 110 ms those ways on the 2-core development VM, 29 to 31 ms in small
+    pages populated, 7.5 ms in huge pages; and the socket's reads and the
+    digest then run over 2 MiB pages."""
     if size < _MMAP_AT:
         return bytearray(size)
-    flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20) | getattr(mmap, "MAP_POPULATE", 0)
+    anon = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20)
+    huge = getattr(mmap, "MADV_HUGEPAGE", None)
+    if huge is not None and hasattr(mmap.mmap, "madvise"):
+        m = mmap.mmap(-1, size, flags=anon)
+        try:
+            m.madvise(huge)
+            m.madvise(_MADV_POPULATE_WRITE)
+            return memoryview(m)
+        except (OSError, ValueError):
+            m.close()  # an older kernel: small pages, populated at once
     try:
-        return memoryview(mmap.mmap(-1, size, flags=flags))
+        return memoryview(mmap.mmap(-1, size, flags=anon | getattr(mmap, "MAP_POPULATE", 0)))
     except (OSError, ValueError):
         return memoryview(mmap.mmap(-1, size))
 
 
 _MMAP_AT = 1 << 20
+# Linux's MADV_POPULATE_WRITE (5.14): fault the pages in, writable, now.
+_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 
 
 def _now() -> str:
@@ -194,14 +212,250 @@ class _Placer:
         return self._digest
 
 
+class _Restart(Exception):
+    """A write's chunks must be written again (see ObjectStore.put): cause
+    says why."""
+
+    def __init__(self, cause: Exception):
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def _retryable(e: JetStreamError) -> bool:
+    """Whether a refused chunk or meta may be stored when published again:
+    too many requests (a stream's ingest queue full), or JetStream not
+    available for now (the Go objectstore's rule)."""
+    return e.code == 429 or e.err_code == 10008
+
+
+def _backoff(attempt: int) -> float:
+    """20 ms doubled per attempt, at most a second (the Go objectstore's)."""
+    return min(0.02 * (1 << min(attempt - 1, 10)), 1.0)
+
+
+class _Write:
+    """One object being written by ObjectStore.put: its chunk subject
+    (nuid), the subjects it gave up (abandoned), the acknowledgements of
+    the current attempt, and whether an object of its final name is stored
+    (prev, asked by a direct get whose answer comes on the reader thread
+    while the chunks go on being written)."""
+
+    def __init__(self, store: "ObjectStore", nuid: str, final: Optional[str], size: int):
+        self.store = store
+        self.conn = store.conn
+        self.nuid = nuid
+        self.final = final
+        self.size = size
+        self.abandoned: List[str] = []
+        self.restarts = 0
+        self.cv = threading.Condition()
+        # acked: acknowledgements in; err: a final refusal; lost: a reason
+        # to start over; want: the count of acknowledgements the writer
+        # waits for (it is woken once, when they are in, not for each one).
+        self.acked = 0
+        self.err: Optional[Exception] = None
+        self.lost: Optional[Exception] = None
+        self.want = 0
+        self._gen = object()
+        self.prev: Optional[bool] = None
+        self.prev_reply, self.prev_token = self.conn.new_reply(self._on_prev)
+        self.reply, self.token = "", ""
+        self._arm()
+
+    def _arm(self) -> None:
+        """Listens for the acknowledgements of a new attempt, on a reply
+        subject of its own: late ones of an attempt given up go nowhere."""
+        if self.token:
+            self.conn.drop_reply(self.token)
+        gen = object()
+        self._gen = gen
+        self.reply, self.token = self.conn.new_reply(lambda m: self._on_ack(m, gen))
+        self.acked, self.err, self.lost, self.want = 0, None, None, 0
+
+    def _on_ack(self, m: Optional[Msg], gen: object) -> None:
+        with self.cv:
+            if gen is not self._gen:
+                return
+            if m is None:
+                # Acknowledgements in flight were lost with the connection.
+                self.lost = self.conn._closed or DisconnectedError(
+                    "the connection to the broker was lost while writing %s, its acknowledgements with it"
+                    % (self.final or self.nuid))
+                self.cv.notify()
+                return
+            d = m.data
+            try:
+                # A stored chunk's acknowledgement, {"stream":...,"seq":N},
+                # needs no decoding: 256 of them come per 64 MiB.
+                if m.status or b'"seq":' not in d or b'"error"' in d:
+                    parse_ack(m, self.store.chunk_subject(self.nuid))
+            except NoRespondersError as e:
+                self.lost = self.lost or e
+            except JetStreamError as e:
+                if _retryable(e):
+                    self.lost = self.lost or e
+                elif self.err is None:
+                    self.err = e
+            except Exception as e:  # noqa: BLE001 - an unreadable acknowledgement
+                if self.err is None:
+                    self.err = e
+            self.acked += 1
+            if self.acked >= self.want or self.err is not None or self.lost is not None:
+                self.cv.notify()
+
+    def _on_prev(self, m: Optional[Msg]) -> None:
+        if m is None:
+            return  # lost with the connection: asked again by restart
+        stored = False
+        if not m.status and m.data:
+            try:
+                pm = json.loads(bytes(m.data))
+                stored = not pm.get("deleted") and pm.get("size") == self.size
+            except ValueError:
+                pass
+        with self.cv:
+            self.prev = stored
+            self.cv.notify()
+
+    def ask_prev(self) -> None:
+        """Asks, without waiting, whether an object of the final name is stored."""
+        try:
+            self.conn.publish("$JS.API.DIRECT.GET." + self.store.stream,
+                              json.dumps({"last_by_subj": self.store.meta_subject(self.final or "")}).encode(),
+                              reply=self.prev_reply)
+        except DisconnectedError:
+            pass  # asked again once connected (restart)
+
+    def wait_prev(self) -> bool:
+        """Whether an object of the final name and this size is stored (the
+        answer to ask_prev, waited for)."""
+        deadline = time.monotonic() + self.store.timeout
+        with self.cv:
+            while self.prev is None:
+                if self.lost is not None:
+                    raise _Restart(self.lost)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise _Restart(TimeoutError("writing %s: no answer on whether it is stored within %.1fs"
+                                                % (self.final, self.store.timeout)))
+                self.cv.wait(left)
+            return self.prev
+
+    def wait_acks(self, upto: int, or_stored: bool = True) -> None:
+        """Waits for upto acknowledgements, or (or_stored) for the news that
+        the content is stored already. Raises a final refusal as it is, and
+        _Restart when they were lost, are late or were refused for now."""
+        deadline = time.monotonic() + self.store.timeout
+        with self.cv:
+            self.want = upto
+            while self.acked < upto and self.err is None and self.lost is None and not (or_stored and self.prev):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise _Restart(TimeoutError("writing %s: no acknowledgement within %.1fs" % (
+                        self.final or self.nuid, self.store.timeout)))
+                self.cv.wait(left)
+            if self.err is not None:
+                raise self.err
+            if self.lost is not None:
+                raise _Restart(self.lost)
+
+    def chunks(self, mv: memoryview, chunks: int, chunk_size: int, window: int,
+               name: Union[str, Callable[[bytes], Optional[str]]], digest: List[bytes]) -> bool:
+        """Publishes every chunk and waits for their acknowledgements; True
+        when the content turned out to be stored already (the chunks
+        written are then purged)."""
+        subj = self.store.chunk_subject(self.nuid)
+        for i in range(chunks):
+            if i - self.acked >= window:
+                # The window is full: wait until half of it is acknowledged.
+                self.wait_acks(i - window // 2)
+            if self.final is None and digest:
+                self.final = name(digest[0])  # type: ignore[operator]
+                if self.final is None:
+                    self._stop(i)
+                    return True
+                self.ask_prev()
+            if self.prev:
+                self._stop(i)
+                return True
+            if self.lost is not None:
+                raise _Restart(self.lost)
+            if self.conn.status != "connected":
+                # Kept by the connection, it would be sent on the new one
+                # under a subject this write is about to give up.
+                raise _Restart(self.conn.disconnected_error("writing %s" % (self.final or self.nuid)))
+            try:
+                self.conn.publish(subj, mv[i * chunk_size : (i + 1) * chunk_size], reply="%s.%d" % (self.reply, i))
+            except DisconnectedError as e:
+                raise _Restart(e) from None
+        self.wait_acks(chunks)
+        return False
+
+    def _stop(self, sent: int) -> None:
+        """Stops a write whose content is stored already: every chunk sent is
+        stored before the purge."""
+        try:
+            self.wait_acks(sent, or_stored=False)
+        except _Restart:
+            pass  # purged all the same, and again at the end
+        self.purge_all()
+
+    def restart(self, r: _Restart, retries: int) -> None:
+        """Starts the write over on a new chunk subject once connected (see
+        ObjectStore.put), or raises when it may not."""
+        cause = r.cause
+        if self.conn.closed:
+            raise self.conn._closed or cause  # type: ignore[misc]
+        if self.restarts >= retries:
+            if isinstance(cause, JetStreamError):
+                raise cause
+            raise type(cause)("writing %s: %s (gave up after %d restarts)" % (self.final or self.nuid, cause, retries))
+        self.restarts += 1
+        self.store.restarts += 1
+        time.sleep(_backoff(self.restarts))
+        self.conn.wait_connected(self.store.timeout)
+        self.abandoned.append(self.nuid)
+        self._purge(self.nuid)
+        self.nuid = secrets.token_hex(16)
+        self._arm()
+        with self.cv:
+            asked = self.prev is None and self.final is not None
+        if asked:
+            self.ask_prev()
+
+    def _purge(self, nuid: str) -> None:
+        try:
+            self.store.purge(nuid)
+        except FabricError:
+            pass  # the bucket's TTL removes what is left
+
+    def drop_abandoned(self) -> None:
+        """Purges the subjects given up again: chunks kept by the connection
+        while it was down may have been stored after the first purge."""
+        for nuid in self.abandoned:
+            self._purge(nuid)
+
+    def purge_all(self) -> None:
+        """Purges every chunk subject this write used."""
+        for nuid in self.abandoned + [self.nuid]:
+            self._purge(nuid)
+
+    def close(self) -> None:
+        self.conn.drop_reply(self.token)
+        self.conn.drop_reply(self.prev_token)
+
+
 class ObjectStore:
-    """One object bucket (FABRIC_XFER by default) on a connection."""
+    """One object bucket (FABRIC_XFER by default) on a connection.
+    restarts counts the writes (and metas) started over after a lost
+    connection, a late acknowledgement or a refusal for now (see put)."""
 
     def __init__(self, conn: Connection, bucket: str, timeout: float = 30.0):
         self.conn = conn
         self.bucket = bucket
         self.stream = "OBJ_" + bucket
         self.timeout = timeout
+        self.restarts = 0
 
     def meta_subject(self, name: str) -> str:
         return "$O.%s.M.%s" % (self.bucket, base64.urlsafe_b64encode(name.encode()).decode())
@@ -459,7 +713,7 @@ class ObjectStore:
 
     def put(self, name: Union[str, Callable[[bytes], Optional[str]]], data: Union[bytes, bytearray, memoryview],
             nuid: str = "", sha256: Optional[bytes] = None, headers: Optional[Dict[str, List[str]]] = None,
-            chunk_size: int = CHUNK_SIZE, window: int = WINDOW) -> Optional[dict]:
+            chunk_size: int = CHUNK_SIZE, window: int = WINDOW, retries: int = RETRIES) -> Optional[dict]:
         """Writes data as an object on chunk subject nuid (new when empty),
         up to window chunks unacknowledged, then the meta; returns the meta.
         A failed write purges its chunks.
@@ -470,9 +724,20 @@ class ObjectStore:
         the object. The write then asks, without waiting, whether an object
         of that name and size is stored (not deleted); if it is, or if name
         returns None, the write stops, its chunks are purged, and put
-        returns None: the same content is stored already."""
-        nuid = nuid or secrets.token_hex(16)
-        subj = self.chunk_subject(nuid)
+        returns None: the same content is stored already.
+
+        A write whose acknowledgements are lost (with the connection: the
+        broker restarting, a cut), late (no acknowledgement within the
+        store's timeout) or refused for now (no responders, too many
+        requests, JetStream not available) starts over, as the Go client's
+        objectstore does: once connected again, on a new chunk subject (what
+        the old one holds is unknown: it is purged, then again at the end),
+        from the first chunk, at most retries times; the meta is published
+        again the same way. The result is the object a write without the
+        loss makes. restarts counts the writes started over. A refusal that
+        is final (a full bucket, too large) raises at once."""
+        if not 0 <= retries <= 1000:
+            raise ValueError("retries %r: want 0 to 1000" % (retries,))
         mv = memoryview(data).cast("B")
         size = mv.nbytes
         chunk_size = max(1, min(chunk_size, self.conn.max_payload - 1024))
@@ -484,121 +749,67 @@ class ObjectStore:
             hasher = threading.Thread(target=lambda: digest.append(hashlib.sha256(mv).digest()),
                                       name="jetfabric-sha256", daemon=True)
             hasher.start()
-        final: Optional[str] = name if isinstance(name, str) else None
-        cv = threading.Condition()
-        # want: the count of acknowledgements the writer waits for; it is
-        # woken once, when they are in, not for each one.
-        state = {"acked": 0, "err": None, "want": 0}
-        # prev: whether an object of the digest's name and this size is
-        # stored, asked by a direct get whose answer comes on the reader
-        # thread while the chunks go on being written.
-        prev: Dict[str, Optional[bool]] = {"stored": None}
-
-        def acked(m: Optional[Msg]) -> None:
-            with cv:
-                if m is None:
-                    # Acknowledgements in flight were lost with the connection.
-                    state["err"] = self.conn._closed or DisconnectedError(
-                        "the connection to the broker was lost while writing %s, its acknowledgements with it; the "
-                        "client is reconnecting: write it again" % (final or nuid))
-                else:
-                    try:
-                        parse_ack(m, subj)
-                    except Exception as e:  # noqa: BLE001
-                        if state["err"] is None:
-                            state["err"] = e
-                state["acked"] += 1
-                if state["acked"] >= state["want"] or state["err"] is not None:
-                    cv.notify()
-
-        def wait_acks(upto: int, or_stored: bool = True) -> None:
-            """Waits for upto acknowledgements, or (or_stored) for the news
-            that the content is stored already."""
-            with cv:
-                state["want"] = upto
-                while state["acked"] < upto and state["err"] is None and not (or_stored and prev["stored"]):
-                    if not cv.wait(self.timeout):
-                        raise TimeoutError("writing %s: no acknowledgement within %.1fs" % (final or nuid, self.timeout))
-                if state["err"] is not None:
-                    raise state["err"]  # type: ignore[misc]
-
-        def on_prev(m: Optional[Msg]) -> None:
-            stored = False
-            if m is not None and not m.status and m.data:
-                try:
-                    pm = json.loads(bytes(m.data))
-                    stored = not pm.get("deleted") and pm.get("size") == size
-                except ValueError:
-                    pass
-            with cv:
-                prev["stored"] = stored
-                cv.notify()
-
-        prev_reply, prev_token = self.conn.new_reply(on_prev)
-
-        def named() -> Optional[str]:
-            n = name(digest[0])  # type: ignore[operator]
-            if n is not None:
-                self.conn.publish("$JS.API.DIRECT.GET." + self.stream,
-                                  json.dumps({"last_by_subj": self.meta_subject(n)}).encode(), reply=prev_reply)
-            return n
-
-        def stop(sent: int) -> None:
-            wait_acks(sent, or_stored=False)  # every chunk sent is stored before the purge
-            self.purge(nuid)
-
-        reply, token = self.conn.new_reply(acked)
+        w = _Write(self, nuid or secrets.token_hex(16), name if isinstance(name, str) else None, size)
         try:
-            for i in range(chunks):
-                if i - state["acked"] >= window:
-                    # The window is full: wait until half of it is acknowledged.
-                    wait_acks(i - window // 2)
-                if final is None and digest:
-                    final = named()
-                    if final is None:
-                        stop(i)
+            while True:
+                try:
+                    stored_before = w.chunks(mv, chunks, chunk_size, window, name, digest)
+                    if stored_before:
                         return None
-                if prev["stored"]:
-                    stop(i)
-                    return None
-                self.conn.publish(subj, mv[i * chunk_size : (i + 1) * chunk_size], reply="%s.%d" % (reply, i))
-            wait_acks(chunks)
-            if hasher is not None:
-                hasher.join()
-            if final is None:
-                final = named()
-                if final is None:
-                    self.purge(nuid)
-                    return None
-            if not isinstance(name, str):
-                with cv:
-                    deadline = time.monotonic() + self.timeout
-                    while prev["stored"] is None:
-                        left = deadline - time.monotonic()
-                        if left <= 0:
-                            raise TimeoutError("writing %s: no answer on whether it is stored" % final)
-                        cv.wait(left)
-                if prev["stored"]:
-                    self.purge(nuid)
-                    return None
-            meta: dict = {"name": final, "bucket": self.bucket, "nuid": nuid, "size": size, "mtime": _now(),
+                    if hasher is not None:
+                        hasher.join()
+                    if w.final is None:
+                        w.final = name(digest[0])  # type: ignore[operator]
+                        if w.final is None:
+                            w.purge_all()
+                            return None
+                        w.ask_prev()
+                    if not isinstance(name, str) and w.wait_prev():
+                        w.purge_all()
+                        return None
+                    break
+                except _Restart as r:
+                    w.restart(r, retries)
+            meta: dict = {"name": w.final, "bucket": self.bucket, "nuid": w.nuid, "size": size, "mtime": _now(),
                           "chunks": chunks, "digest": digest_string(digest[0]), "options": {"max_chunk_size": chunk_size}}
             if headers:
                 meta["headers"] = headers
-            self._publish_meta(meta)
+            self._publish_meta(meta, retries)
+            w.drop_abandoned()
             return meta
         except BaseException:
-            self.purge(nuid)
+            w.purge_all()
             raise
         finally:
-            self.conn.drop_reply(token)
-            self.conn.drop_reply(prev_token)
+            w.close()
             if hasher is not None:
                 hasher.join()
 
-    def _publish_meta(self, meta: dict) -> None:
-        m = self.conn.request(self.meta_subject(meta["name"]), json.dumps(meta).encode(), headers={"Nats-Rollup": "sub"})
-        parse_ack(m, self.meta_subject(meta["name"]))
+    def _publish_meta(self, meta: dict, retries: int = RETRIES) -> None:
+        """Publishes meta with the rollup header and waits for the stream's
+        acknowledgement; one lost with the connection, late, or refused for
+        now is published again (once connected), at most retries times: a
+        rollup stores the same meta once more, replacing it."""
+        subject = self.meta_subject(meta["name"])
+        body = json.dumps(meta).encode()
+        deadline = time.monotonic() + self.timeout
+        for attempt in range(retries + 1):
+            try:
+                if self.conn.status != "connected":
+                    self.conn.wait_connected(max(0.0, deadline - time.monotonic()))
+                parse_ack(self.conn.request(subject, body, headers={"Nats-Rollup": "sub"}), subject)
+                return
+            except (DisconnectedError, TimeoutError, NoRespondersError) as e:
+                err: Exception = e
+            except JetStreamError as e:
+                if not _retryable(e):
+                    raise
+                err = e
+            if attempt == retries or self.conn.closed:
+                raise err
+            self.restarts += 1
+            time.sleep(_backoff(attempt + 1))
+            deadline = time.monotonic() + self.timeout
 
     def abort(self, name: str, nuid: str, reason: str) -> None:
         """Marks name deleted with reason in its Jetfabric-Error header, for

@@ -9,7 +9,7 @@ is kept for the tests to look at."""
 import re
 import socket
 import threading
-from typing import List, Optional, Tuple
+from typing import List, Optional, Tuple, Union
 
 
 class Proxy:
@@ -35,11 +35,12 @@ class Proxy:
         self._closed = False
         threading.Thread(target=self._accept, name="proxy-accept", daemon=True).start()
 
-    def drop(self, prefix: str, count: int = 1, cut: bool = False) -> None:
+    def drop(self, prefix: Union[str, "re.Pattern[bytes]"], count: int = 1, cut: bool = False) -> None:
         """Drops the next count messages from the server to a subject that
-        starts with prefix; with cut, closes that connection right after."""
+        starts with prefix (or that a compiled bytes pattern matches); with
+        cut, closes that connection right after."""
         with self._lock:
-            self._drops.append([prefix.encode(), count, cut])
+            self._drops.append([prefix.encode() if isinstance(prefix, str) else prefix, count, cut])
 
     def freeze(self) -> None:
         """From now on the connections open through the proxy carry nothing
@@ -113,7 +114,7 @@ class Proxy:
     def _rule(self, subject: bytes) -> Optional[list]:
         with self._lock:
             for r in self._drops:
-                if r[1] > 0 and subject.startswith(r[0]):
+                if r[1] > 0 and (subject.startswith(r[0]) if isinstance(r[0], bytes) else r[0].match(subject)):
                     r[1] -= 1
                     self.dropped += 1
                     return r

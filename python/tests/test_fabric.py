@@ -362,6 +362,18 @@ class TestSemantics(FabricTest):
 
 
 class TestObjectStore(FabricTest):
+    def test_put_retries_out_of_range(self):
+        # How often a write may start over is checked before anything is sent.
+        for bad in (-1, 1001):
+            with self.subTest(retries=bad):
+                name = "pytest-retries-" + os.urandom(8).hex()
+                with self.assertRaises(ValueError) as cm:
+                    fab.objects.put(name, b"abc", retries=bad)
+                self.assertIn("want 0 to 1000", str(cm.exception))
+                self.assertIsNone(fab.objects.info(name))
+        with self.assertRaises(TypeError):
+            fab.objects.put("pytest-retries-type", b"abc", retries="8")  # type: ignore[arg-type]
+
     def test_large_upload_and_read(self):
         n = 6 << 20  # f32 elements: 24 MiB, over the inline limits both ways
         data = bytes(random.Random(5).getrandbits(8) for _ in range(4096)) * (n * 4 // 4096)
@@ -619,13 +631,100 @@ class TestBadInput(FabricTest):
         # A read's frame goes out as a plain publish; when its answer is late the
         # client asks the stream whether it stored the frame, and fails the read if not.
         with jetfabric.connect(_fabric.url(), prefix="nostream", frame_check=0.05) as other:
-            s = other.session("cpu-0")
+            # That prefix has no registry either: session() says so.
+            with self.assertRaises(jetfabric.FabricError) as cm:
+                other.session("cpu-0")
+            self.assertIn("NOSTREAM_CTRL", str(cm.exception))
+            s = jetfabric.Session(other, "cpu-0")  # past the registry check, to publish there all the same
             with self.assertRaises(jetfabric.FabricError) as cm:
                 s.tensor([1.0]).tolist()
             self.assertIn("not stored", str(cm.exception))
+            self.assertIn("no stream captures", str(cm.exception))
+
+
+class TestRefusedFrames(unittest.TestCase):
+    """On a fabric whose op stream stores frames of at most 64 KiB
+    (python_test.go starts one and sets JETFABRIC_SMALL_FRAMES_URL), a
+    frame of a 128 KiB inline upload is refused: as with the Go client, the
+    refusal fails the next read or sync only, once, and the session goes
+    on (an empty frame of its number takes its place)."""
+
+    def setUp(self):
+        url = os.environ.get("JETFABRIC_SMALL_FRAMES_URL")
+        if not url:
+            self.skipTest("JETFABRIC_SMALL_FRAMES_URL not set (python_test.go sets it)")
+        self.fab = jetfabric.connect(url, frame_check=0.05, read_timeout=30)
+        self.addCleanup(self.fab.close)
+        self.s = self.fab.session("cpu-0")
+        self.big = [1.0] * (32 << 10)  # 128 KiB of f32, sent inline
+
+    def test_read_in_a_refused_frame(self):
+        s = self.s
+        self.assertEqual(s.full([2], 1.0).sum().item(), 2.0)
+        with self.assertRaises(jetfabric.FabricError) as cm:
+            s.tensor(self.big).sum().tolist()
+        self.assertIn("not stored", str(cm.exception))
+        self.assertIn("maximum", str(cm.exception))
+        # The session goes on: the frames after it run.
+        self.assertEqual(s.full([2], 3.0).sum().item(), 6.0)
+        s.sync()
+        self.assertEqual(s.full([2], 4.0).sum().item(), 8.0)
+
+    def test_refused_with_no_call_waiting(self):
+        s = self.s
+        x = s.full([2], 2.0)
+        s.sync()
+        lost = s.tensor(self.big)  # refused: nothing waits on its frame
+        s.flush()
+        with self.assertRaises(jetfabric.JetStreamError) as cm:
+            s.full([1], 1.0).tolist()
+        self.assertEqual(cm.exception.err_code, 10054)  # over the stream's max message size
+        self.assertIn("maximum", str(cm.exception))
+        # Reported once: the next reads and syncs carry on.
+        self.assertEqual((x * 2).tolist(), [4.0, 4.0])
+        s.sync()
+        self.assertEqual(x.sum().item(), 4.0)
+        # What the refused frame would have made was never made.
+        with self.assertRaises(jetfabric.UnknownIDError):
+            lost.sum().tolist()
+        # Two refused frames before a sync: it raises once, naming both.
+        s.tensor(self.big)
+        s.flush()
+        s.tensor(self.big)
+        s.flush()
+        with self.assertRaises(jetfabric.JetStreamError) as cm:
+            s.sync()
+        self.assertIn("and 1 more frames refused", str(cm.exception))
+        s.sync()
+        self.assertEqual(x.tolist(), [2.0, 2.0])
+        s.close()
 
 
 class TestSessionsAndJobs(FabricTest):
+    def test_session_needs_a_live_device(self):
+        """As the Go client's Open: a device not registered, or registered
+        and served by no worker, raises NoDeviceError saying which; a name
+        that is no device token raises ValueError; nothing is subscribed."""
+        subs = len(fab.conn._subs)
+        with self.assertRaises(jetfabric.NoDeviceError) as cm:
+            fab.session("nosuch-0")
+        self.assertIn("nosuch-0 is not registered", str(cm.exception))
+        gone = os.environ.get("JETFABRIC_GONE_DEVICE")
+        if gone:  # python_test.go registers it and stops its worker
+            self.assertIsNotNone(fab.device(gone))
+            with self.assertRaises(jetfabric.NoDeviceError) as cm:
+                fab.session(gone)
+            self.assertIn("%s is stopped, last heartbeat" % gone, str(cm.exception))
+            self.assertIn("no worker serves it", str(cm.exception))
+        for bad in ("", "cpu.0", "cpu 0", "x" * 65, "cpu-*", 3):
+            with self.subTest(device=bad):
+                with self.assertRaises(ValueError) as cm:
+                    fab.session(bad)  # type: ignore[arg-type]
+                self.assertIn("want 1 to 64 characters", str(cm.exception))
+        self.assertEqual(len(fab.conn._subs), subs)
+        with fab.session("cpu-1") as s:
+            self.assertEqual(s.tensor([1.0]).item(), 1.0)
+
     def test_devices(self):
         devs = fab.devices()
         names = [d["name"] for d in devs]

@@ -52,6 +52,21 @@ class TestTenant(unittest.TestCase):
                 self.assertEqual((big + big).sum().item(), 2 * sum(i % 13 for i in range(300_000)))
             self.assertEqual(f.live_devices(), ["cpu-0"])
 
+    def test_session_needs_a_live_device(self):
+        # A tenant reads the registry by direct gets, and asks the broker's
+        # registry service before calling a device unregistered or not serving.
+        with jetfabric.connect(self.url, creds=self.creds) as f:
+            with self.assertRaises(jetfabric.NoDeviceError) as cm:
+                f.session("nosuch-0")
+            self.assertIn("nosuch-0 is not registered", str(cm.exception))
+            gone = os.environ.get("JETFABRIC_GONE_DEVICE")
+            if gone:
+                with self.assertRaises(jetfabric.NoDeviceError) as cm:
+                    f.session(gone)
+                self.assertIn("%s is stopped" % gone, str(cm.exception))
+            with self.assertRaises(ValueError):
+                f.session("cpu.0")
+
     def test_refused(self):
         with self.assertRaises(jetfabric.FabricError) as cm:
             jetfabric.connect(self.url, creds=os.environ["JETFABRIC_TENANT_FOREIGN"])
