@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Data-parallel CNN training, builds against each other on one many-core
+# host: for each round and each binary of BINS in turn, a broker and four
+# CPU workers of 3 cores (cores 0-11; the broker and the client on 12-15),
+# one worker's 40 steps at batch 128, then four workers' 40 steps at 512
+# (the backward in two parts, the default), the ratio of their samples/s,
+# the weights' hash and the time worker cpu-0's loop stood waiting for
+# collectives. Alternating the builds round by round lets a host whose
+# speed drifts weigh on each alike.
+# usage: BINS="old/jetfabric new/jetfabric" bench/dp-ab.sh [rounds]
+# Environment: DATA (the directory of the four MNIST .gz files; default:
+# the GoMNIST module in the Go module cache), LIM1 (one worker's examples,
+# default 5120: 40 steps). On fewer than 16 cores nothing is pinned.
+set -uo pipefail
+rounds=${1:-2}
+lim=${LIM1:-5120}
+data=()
+if [ -n "${DATA:-}" ]; then data=(--data "$DATA"); fi
+echo "host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+field() { python3 -c 'import json,sys; d=json.load(sys.stdin); print(" ".join(str(d[k]) for k in sys.argv[1:]))' "$@"; }
+pin=(taskset -c 12-15)
+wpin() { exec taskset -c "$@"; }
+if (($(nproc) < 16)); then
+  pin=()
+  wpin() { shift; exec "$@"; }
+fi
+waited() { curl -s "127.0.0.1:$1/metrics" | awk '/^jetfabric_device_collective_wait_seconds_total/{s+=$2} END{print s+0}'; }
+run_build() { # binary round port
+  local jf=$1 port=$3 store
+  store=$(mktemp -d)
+  "${pin[@]}" "$jf" broker --store "$store" --listen 127.0.0.1:$port --http "" --xfer-storage memory >"$store/broker.log" 2>&1 &
+  local pids=($!)
+  sleep 1.5
+  for i in 0 1 2 3; do
+    GOMAXPROCS=3 wpin $((3 * i))-$((3 * i + 2)) "$jf" worker --url nats://127.0.0.1:$port --devices cpu-$i --gpus none --metrics 127.0.0.1:$((9190 + i)) >"$store/w$i.log" 2>&1 &
+    pids+=($!)
+  done
+  sleep 1.5
+  local one four w0 w1
+  one=$("${pin[@]}" "$jf" train "${data[@]}" --url nats://127.0.0.1:$port --model cnn --devices cpu-0 --batch 128 --epochs 1 --limit "$lim" --test-limit 500 --json --progress 0 2>"$store/t1.err" | field samples_per_s step_ms)
+  w0=$(waited 9190)
+  four=$("${pin[@]}" "$jf" train "${data[@]}" --url nats://127.0.0.1:$port --model cnn --devices cpu-0,cpu-1,cpu-2,cpu-3 --batch 512 --epochs 1 --limit $((4 * lim)) --test-limit 500 --json --progress 0 2>"$store/t4.err" | field samples_per_s step_ms weights_sha256)
+  w1=$(waited 9190)
+  python3 -c 'import sys; a,b,c,d=map(float,sys.argv[1:5]); w=(float(sys.argv[7])-float(sys.argv[6]))/float(sys.argv[10])*1000; print(f"{sys.argv[8]} round {sys.argv[9]}: one {a:.0f}/s {b:.1f} ms; four {c:.0f}/s {d:.1f} ms; {c/a:.2f}x; weights {sys.argv[5][:12]}; cpu-0 collective wait {w:.1f} ms/step")' \
+    $one $four "$w0" "$w1" "$jf" "$2" $((lim / 128)) ||
+    for f in "$store"/*.err "$store"/*.log; do echo "== $f"; tail -n 5 "$f"; done
+  kill "${pids[@]}" 2>/dev/null
+  wait 2>/dev/null
+  rm -rf "$store"
+}
+for r in $(seq "$rounds"); do
+  p=4400
+  for b in ${BINS:?set BINS to the binaries to compare}; do
+    run_build "$b" "$r" $p
+    p=$((p + 1))
+  done
+done
