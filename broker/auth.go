@@ -153,6 +153,9 @@ func (b *Broker) serveRegistry() error {
 		return fmt.Errorf("broker: %w", err)
 	}
 	_, err = nc.QueueSubscribe(b.names.ServiceRegistry(), "jetfabric-registry", func(m *nats.Msg) {
+		if !b.names.Answerable(m.Reply) {
+			return // see subjects.Names.Answerable
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		entries, err := registry(ctx, js, b.names)

@@ -183,6 +183,17 @@ func (n Names) ServiceInfo(device string) string { return n.ServiceDevice(device
 // fabric.svc.<device>.health.
 func (n Names) ServiceHealth(device string) string { return n.ServiceDevice(device) + ".health" }
 
+// Answerable reports whether a service of the fabric may answer a request
+// onto reply: a subject that none of the fabric's streams and buckets
+// captures. A requester names its reply subject freely, and the server
+// does not check it against the requester's permissions: an answer onto
+// $KV.FABRIC_CTRL.<key> would be a write into the control bucket in the
+// service's name. So no subject beginning with $ ($KV, $O, $JS) or under
+// the prefix; every client inbox passes.
+func (n Names) Answerable(reply string) bool {
+	return reply != "" && !strings.HasPrefix(reply, "$") && !strings.HasPrefix(reply, n.prefix+".")
+}
+
 // InboxPrefix is the prefix of client reply inboxes: _INBOX_fabric, or
 // _INBOX_fabric.t.<tenant> for a tenant's names. Deployments with
 // permissions grant clients subscribe rights on it.

@@ -85,3 +85,27 @@ func FuzzParseOps(f *testing.F) {
 		}
 	})
 }
+
+func TestAnswerable(t *testing.T) {
+	n := Default()
+	a, err := n.ForTenant("acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for reply, want := range map[string]bool{
+		"_INBOX_fabric.abc":                true,
+		a.InboxPrefix() + ".x.1":           true,
+		"_INBOX.xyz":                       true,
+		"":                                 false,
+		"$KV.FABRIC_CTRL.lease.cpu-0":      false,
+		"$O.FABRIC_XFER.C.abc":             false,
+		"$JS.API.STREAM.DELETE.FABRIC_OPS": false,
+		"fabric.ops.cpu-0.s1":              false,
+		"fabric.t.acme.ops.cpu-0.s1":       false,
+		"fabricated":                       true,
+	} {
+		if got := n.Answerable(reply); got != want {
+			t.Errorf("Answerable(%q) = %v, want %v", reply, got, want)
+		}
+	}
+}

@@ -97,6 +97,9 @@ func (w *Worker) stopService() {
 
 // serveInfo answers with the device's registry entry as it is now.
 func (w *Worker) serveInfo(d *device, r micro.Request) {
+	if !w.names.Answerable(r.Reply()) {
+		return // see subjects.Names.Answerable
+	}
 	b, err := json.Marshal(w.entry(d, "serving"))
 	if err != nil {
 		_ = r.Error("500", err.Error(), nil)
@@ -108,6 +111,9 @@ func (w *Worker) serveInfo(d *device, r micro.Request) {
 // serveHealth answers with Health; a stalled device loop or a stopping
 // worker is a 503 service error carrying the same JSON.
 func (w *Worker) serveHealth(d *device, r micro.Request) {
+	if !w.names.Answerable(r.Reply()) {
+		return // see subjects.Names.Answerable
+	}
 	age := time.Since(time.Unix(0, d.loopAt.Load()))
 	h := Health{Device: d.cfg.Name, Worker: w.cfg.ID, Status: "ok", LoopAge: age,
 		Sessions: int(d.sessionCount.Load()), Applied: d.applied.Load()}

@@ -268,6 +268,45 @@ func testForgedRecords(t *testing.T, f *tenantFabric, alice *client.Client, smal
 	if err != nil || !bytes.Equal(small, small0) || !bytes.Equal(large, large0) {
 		t.Errorf("alice after the forged deletion of her record: %v", err)
 	}
+	testServiceReplies(t, f, nc)
+}
+
+// testServiceReplies: the fabric's own services (a device's info and
+// health, the broker's registry) do not answer onto a subject a stream
+// captures: requests whose reply names bob's record key change nothing,
+// while the same requests with an inbox are answered.
+func testServiceReplies(t *testing.T, f *tenantFabric, nc *nats.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	svc := f.connect(t, "service")
+	sjs, _ := jetstream.New(svc.Conn())
+	kv, err := sjs.KeyValue(ctx, "FABRIC_CTRL")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := kv.Get(ctx, "tenant.bob")
+	if err != nil {
+		t.Fatal(err)
+	}
+	services := []string{"fabric.svc.cpu-0.info", "fabric.svc.cpu-0.health", "fabric.svc.registry"}
+	for _, subj := range services {
+		for _, reply := range []string{"$KV.FABRIC_CTRL.tenant.bob", "fabric.t.quota.ops.cpu-0.x"} {
+			if err := nc.PublishRequest(subj, reply, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// Each service answers in order: once the inbox's answer is in, the
+	// forged ones were handled before it.
+	for _, subj := range services {
+		if _, err := nc.RequestWithContext(ctx, subj, nil); err != nil {
+			t.Errorf("%s with an inbox: %v", subj, err)
+		}
+	}
+	after, err := kv.Get(ctx, "tenant.bob")
+	if err != nil || after.Revision() != before.Revision() {
+		t.Errorf("bob's record after requests answered onto its key: revision %d, was %d (%v)", after.Revision(), before.Revision(), err)
+	}
 }
 
 // testTenantGraphs: a tenant's graph is stored under its key and replays
