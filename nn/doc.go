@@ -101,6 +101,14 @@
 //	err = gs.Finish()                     // the rest of the backward
 //	... queue the sum of the others, then the Update
 //
+// When the forward begins with ops that read no parameter of the first
+// bucket and draw nothing (the convolutions of a CNN whose first bucket
+// is its linear layers), they form an early part (gs.Early()): Begin
+// queues it, and a caller may queue the first bucket's update of the
+// step before between Begin and Start, so that its sum overlaps the next
+// step's early forward too; Start then binds the parameters that update
+// replaced (it refuses one the early part read).
+//
 // The parts give the bits of the whole replay, dropout masks included.
 //
 // Tensors and graphs are not safe for concurrent use; the session under
