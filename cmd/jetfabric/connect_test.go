@@ -77,10 +77,10 @@ func says(t *testing.T, out *output, what string) {
 	})
 }
 
-// TestSecondSignalExits: a worker whose broker is gone waits on its clean
+// TestSecondSignalEndsAWorker: a worker whose broker is gone waits on its clean
 // stop (the last checkpoints cannot be written); a second signal ends it
 // at once, by the signal.
-func TestSecondSignalExits(t *testing.T) {
+func TestSecondSignalEndsAWorker(t *testing.T) {
 	b := brokertest.Run(t)
 	w, out := spawn(t, "worker", "--url", b.ClientURL(), "--cpus", "1", "--gpus", "none")
 	waitDevice(t, b.ClientURL(), "cpu-0")
