@@ -66,7 +66,11 @@ def _enc(v: Any, out: bytearray) -> None:
         else:
             _head(4, n, out)
         for x in v:
-            _enc(x, out)
+            # Small integers (tensor ids, shapes) without a call.
+            if type(x) is int and 0 <= x < 24:
+                out.append(x)
+            else:
+                _enc(x, out)
     elif t is dict:
         n = len(v)
         if n < 24:
@@ -74,8 +78,16 @@ def _enc(v: Any, out: bytearray) -> None:
         else:
             _head(5, n, out)
         for k, x in v.items():
-            _enc(k, out)
-            _enc(x, out)
+            # Keys met before (cached) and small integer values without a call.
+            e = _str_cache.get(k)
+            if e is None:
+                _enc(k, out)
+            else:
+                out += e
+            if type(x) is int and 0 <= x < 24:
+                out.append(x)
+            else:
+                _enc(x, out)
     elif t is float:
         out += _pack_d(0xFB, v)
     elif t is bool:
