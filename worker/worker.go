@@ -96,6 +96,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	if w.cfg.Tenants {
 		if err := w.watchTenants(ctx); err != nil {
+			w.closeSecond()
 			return err
 		}
 	}
