@@ -298,19 +298,35 @@ func Revoke(dir, name string) (int, error) {
 // Account reads the fabric's account JWT of dir, checked to be signed by
 // operator and to be the account with public key pub.
 func Account(dir string, operator *jwt.OperatorClaims, pub string) (string, *jwt.AccountClaims, error) {
-	b, err := os.ReadFile(filepath.Join(dir, accountJWT))
-	if err != nil {
-		return "", nil, fmt.Errorf("%w: %s: %v", ErrNoDir, dir, err)
+	tok, ac, err := readAccount(dir, accountJWT, operator)
+	if err == nil && ac.Subject != pub {
+		err = fmt.Errorf("tenant: %s is the JWT of account %s, not %s", accountJWT, ac.Subject, pub)
 	}
-	tok := strings.TrimSpace(string(b))
+	return tok, ac, err
+}
+
+// readJWT reads the JWT in file name of auth directory dir.
+func readJWT(dir, name string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(dir, name))
+	if err != nil {
+		return "", fmt.Errorf("%w: %s: %v (make one with jetfabric tenant init)", ErrNoDir, dir, err)
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+// readAccount reads the account JWT in file name of dir, checked to be
+// signed by operator.
+func readAccount(dir, name string, operator *jwt.OperatorClaims) (string, *jwt.AccountClaims, error) {
+	tok, err := readJWT(dir, name)
+	if err != nil {
+		return "", nil, err
+	}
 	ac, err := jwt.DecodeAccountClaims(tok)
-	switch {
-	case err != nil:
-		return "", nil, fmt.Errorf("tenant: %s: %w", accountJWT, err)
-	case ac.Issuer != operator.Subject:
-		return "", nil, fmt.Errorf("tenant: %s is not signed by the operator", accountJWT)
-	case ac.Subject != pub:
-		return "", nil, fmt.Errorf("tenant: %s is the JWT of account %s, not %s", accountJWT, ac.Subject, pub)
+	if err != nil {
+		return "", nil, fmt.Errorf("tenant: %s: %w", name, err)
+	}
+	if ac.Issuer != operator.Subject {
+		return "", nil, fmt.Errorf("tenant: %s is not signed by the operator of %s", name, operatorJWT)
 	}
 	return tok, ac, nil
 }
@@ -336,14 +352,7 @@ type Dir struct {
 
 // Load reads an auth directory made by Init and Add.
 func Load(dir string) (*Dir, error) {
-	read := func(name string) (string, error) {
-		b, err := os.ReadFile(filepath.Join(dir, name))
-		if err != nil {
-			return "", fmt.Errorf("%w: %s: %v (make one with jetfabric tenant init)", ErrNoDir, dir, err)
-		}
-		return strings.TrimSpace(string(b)), nil
-	}
-	opTok, err := read(operatorJWT)
+	opTok, err := readJWT(dir, operatorJWT)
 	if err != nil {
 		return nil, err
 	}
@@ -356,16 +365,9 @@ func Load(dir string) (*Dir, error) {
 		name string
 		pub  *string
 	}{{accountJWT, &d.Account}, {sysJWT, &d.System}} {
-		tok, err := read(f.name)
+		tok, ac, err := readAccount(dir, f.name, op)
 		if err != nil {
 			return nil, err
-		}
-		ac, err := jwt.DecodeAccountClaims(tok)
-		if err != nil {
-			return nil, fmt.Errorf("tenant: %s: %w", f.name, err)
-		}
-		if ac.Issuer != op.Subject {
-			return nil, fmt.Errorf("tenant: %s is not signed by the operator of %s", f.name, operatorJWT)
 		}
 		*f.pub = ac.Subject
 		d.Accounts[ac.Subject] = tok

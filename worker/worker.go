@@ -330,10 +330,10 @@ func (w *Worker) logf(format string, args ...any) {
 // pieces). An object of megabytes written or read on the connection that
 // carries the frames, the results and the key-value writes would hold them
 // back: a result published behind a checkpoint's window of chunks waited
-// tens of milliseconds, and the small all_reduce that ends a data-parallel
-// step's backward (its pieces in key-value announcements) waited behind the
-// chunks of the large one still moving. On failure, nil and the first
-// connection's JetStream, which serves then.
+// tens of milliseconds, and the key-value reads and writes of a small
+// all_reduce's pieces would queue behind the chunks of a large one still
+// moving. On failure, nil and the first connection's JetStream, which
+// serves then.
 func (w *Worker) dial(purpose string) (*nats.Conn, jetstream.JetStream) {
 	opts := w.nc.Opts
 	opts.Name = strings.TrimSpace(opts.Name + " " + purpose)
