@@ -49,3 +49,20 @@ type Backend interface {
 	// Sync waits until all work issued so far is complete.
 	Sync() error
 }
+
+// Program is device work recorded once, as a run of ops ran, and run
+// again on other inputs without the ops being checked, planned or
+// allocated one by one: a backend's optional capability (the CUDA
+// backend's, for a worker's replays of a captured graph).
+type Program interface {
+	// Run queues the program: in copied into its inputs, its work, its
+	// outputs copied into out. Buffers have the sizes of the recording's.
+	Run(in, out []Buffer) error
+	// CopyOutputs queues copies of the outputs of the last run, or of the
+	// recording, into out.
+	CopyOutputs(out []Buffer) error
+	// Bytes is the device memory the program holds.
+	Bytes() int64
+	// Release gives the program's memory back; it is idempotent.
+	Release()
+}

@@ -25,4 +25,8 @@ var (
 	ErrNotImplemented = errors.New("kernels: not implemented by this backend")
 	// ErrOutOfMemory: the backend could not allocate.
 	ErrOutOfMemory = errors.New("kernels: out of device memory")
+	// ErrNotYet: a recording (see Program) was refused for now, not for
+	// good: the same work recorded later may be accepted (a fused kernel
+	// it would use is still compiling).
+	ErrNotYet = errors.New("kernels: not ready yet")
 )

@@ -105,6 +105,10 @@ type Config struct {
 	// transpose that only a matmul reads in place, or write an output over
 	// an input freed after the op (for comparisons).
 	NoFusion bool
+	// NoPrograms runs every replay op by op, even on a backend that can
+	// record a replay's device work once and run it again as one program
+	// (the same bits either way; for comparisons).
+	NoPrograms bool
 	// SyncCollectives runs every collective op to its end before the
 	// device's next op, as on a device whose memory the host cannot
 	// address, instead of beside the device loop (for comparisons).

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/jetfabric/jetfabric/broker/brokertest"
+	"github.com/jetfabric/jetfabric/client"
 	"github.com/jetfabric/jetfabric/codec"
 	"github.com/jetfabric/jetfabric/kernels/cpu"
 	"github.com/jetfabric/jetfabric/kernels/cuda"
@@ -167,4 +168,21 @@ func closeResult(a, b codec.Result, rel float64) error {
 		}
 	}
 	return nil
+}
+
+// TestGPUPrograms: checkPrograms on a real GPU worker, replays from the
+// third on launched as one CUDA graph each, with the bits of the same ops
+// sent one by one.
+func TestGPUPrograms(t *testing.T) {
+	g := openGPU(t)
+	b := brokertest.Run(t)
+	w := startWorker(t, b, func(c *worker.Config) {
+		c.Devices = []worker.Device{{Name: "gpu-0", Kind: "gpu", Backend: g}}
+	})
+	c, err := client.Connect(b.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	checkPrograms(t, w, c, "gpu-0", false)
 }

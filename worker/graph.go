@@ -96,8 +96,18 @@ type graphPlan struct {
 	// internal is the number of ids the graph produces (local ids
 	// len(inputs)+1 on); a replay reserves that many from its Base.
 	internal int
-	// outputs are the offsets from Base of the graph's outputs.
-	outputs []uint64
+	// outputs are the offsets from Base of the graph's outputs, outMetas
+	// their metas.
+	outputs  []uint64
+	outMetas []kernels.Meta
+	// freesInput says, for each input, whether the graph frees it.
+	freesInput []bool
+	// nops is the number of the graph's ops.
+	nops int
+	// recordable: the graph draws nothing from the generator, so its
+	// device work does not depend on the ids a replay mints and may be
+	// recorded as a program (see program.go).
+	recordable bool
 	// seq is the graph's ops with a free after the last use of each
 	// internal tensor; fuse places those frees after runs of elementwise
 	// ops and reductions instead, and after a matmul that reads permutes
@@ -180,9 +190,21 @@ func (x *exec) replay(i int, op *codec.Op) error {
 	run := &graphRun{name: p.name}
 	x.graph = run
 	defer func() { x.graph = nil }()
+	if r, ok := x.d.cfg.Backend.(recorder); ok && p.recordable && !x.d.w.cfg.NoPrograms {
+		if x.replayProgram(r, p, op, ids, i, run) {
+			return nil
+		}
+	}
+	x.replayOps(p, op, ids, i, run)
+	return nil
+}
+
+// replayOps runs the ops of a replay whose bindings passed bind, through
+// the paths of ops sent one by one.
+func (x *exec) replayOps(p *graphPlan, op *codec.Op, ids []uint64, i int, run *graphRun) {
 	if f, ok := x.d.cfg.Backend.(fuser); ok && !x.d.w.cfg.NoFusion {
 		x.replayFused(f, p, op, ids, i, run)
-		return nil
+		return
 	}
 	// One op at a time in a scratch op: nothing a compute op keeps
 	// refers to the op itself, so a replay allocates no ops.
@@ -205,7 +227,6 @@ func (x *exec) replay(i int, op *codec.Op) error {
 		run.origin = q.origin[k]
 		x.op(i, &o)
 	}
-	return nil
 }
 
 // replayFused runs a replay on a backend that fuses: every op bound at
@@ -526,7 +547,14 @@ func compile(name string, data []byte, lim kernels.Limits) (*graphPlan, error) {
 		}
 		isOut[id] = true
 		p.outputs = append(p.outputs, id-nIn-1)
+		p.outMetas = append(p.outMetas, metas[id])
 	}
+	p.nops = len(g.Ops)
+	p.freesInput = make([]bool, nIn)
+	for j := range p.freesInput {
+		p.freesInput[j] = freed[1+j]
+	}
+	p.recordable = !slices.ContainsFunc(g.Ops, func(op codec.Op) bool { return kernels.IsRandom(op.Op) })
 	// The memory plan: free every internal tensor after its last read.
 	frees := make([][]uint64, len(g.Ops))
 	for id := nIn + 1; id < uint64(len(metas)); id++ {

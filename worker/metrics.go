@@ -45,6 +45,11 @@ type metrics struct {
 	snapNanos atomic.Uint64
 	// fusedGroups run on a fusing backend and the ops they covered.
 	fusedGroups, fusedOps atomic.Uint64
+	// programRuns are replays run as a recorded program, programOps the
+	// ops of the graphs they ran; programs the programs held, programBytes
+	// their memory (see program.go).
+	programRuns, programOps atomic.Uint64
+	programs, programBytes  atomic.Int64
 	// duplicates are numbered frames dropped because the session ran
 	// that number already; renewals the device's consumers created again
 	// (lost with a node, stalled, or a gap); stalled is 1 while frames
@@ -214,6 +219,14 @@ func (w *Worker) WriteMetrics(out io.Writer) error {
 			func(d *device) float64 { return float64(d.m.fusedGroups.Load()) }},
 		{"jetfabric_device_fused_ops_total", "counter", "Ops executed inside fused groups.",
 			func(d *device) float64 { return float64(d.m.fusedOps.Load()) }},
+		{"jetfabric_device_program_replays_total", "counter", "Replays of captured graphs run as a recorded device program (one launch of a CUDA graph) instead of op by op.",
+			func(d *device) float64 { return float64(d.m.programRuns.Load()) }},
+		{"jetfabric_device_program_ops_total", "counter", "Ops of the graphs replayed as recorded device programs.",
+			func(d *device) float64 { return float64(d.m.programOps.Load()) }},
+		{"jetfabric_device_programs", "gauge", "Recorded device programs held by the device's sessions.",
+			func(d *device) float64 { return float64(d.m.programs.Load()) }},
+		{"jetfabric_device_program_bytes", "gauge", "Device memory held by recorded programs (their inputs, outputs and intermediates).",
+			func(d *device) float64 { return float64(d.m.programBytes.Load()) }},
 		{"jetfabric_device_collectives_in_flight", "gauge", "Collective ops running beside the device loop, their outputs not yet written.",
 			func(d *device) float64 { return float64(d.m.flying.Load()) }},
 		{"jetfabric_device_collective_seconds_total", "counter", "Time collectives run beside the device loop took, from their start to their output written, summed over them.",

@@ -40,6 +40,11 @@ type session struct {
 	// worker, charged with the session's bytes.
 	tenant string
 	st     *tenantState
+	// programs are the session's replays recorded as device programs, by
+	// programKey; seen counts the replays of keys not recorded yet, or
+	// marks them notRecordable (see program.go).
+	programs map[string]kernels.Program
+	seen     map[string]int
 }
 
 // heldFrame is a frame waiting for the frames numbered before it.
@@ -80,6 +85,7 @@ func (s *session) freeAll(d *device) {
 	for id := range s.tensors {
 		s.free(d, id)
 	}
+	s.dropPrograms(d)
 }
 
 // pendInOrder records e, an error of an op that ran beside the loop,

@@ -55,6 +55,7 @@ type benchReport struct {
 	XferStorage       string    `json:"xfer_storage"`
 	Device            string    `json:"device"`
 	NoFusion          bool      `json:"no_fusion,omitempty"`
+	NoPrograms        bool      `json:"no_programs,omitempty"`
 	TF32              bool      `json:"tf32,omitempty"`
 	GPU               *gpuBench `json:"gpu,omitempty"`
 }
@@ -79,6 +80,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	noFusion := fs.Bool("no-fusion", false, "the worker runs every op by itself (the unfused baseline)")
 	tf32 := fs.Bool("tf32", false, "the worker's float32 matmuls on GPUs use TF32 tensor cores")
 	noChains := fs.Bool("no-gpu-chains", false, "the worker launches each elementwise op on a GPU by itself")
+	noPrograms := fs.Bool("no-programs", false, "the worker replays graphs op by op on a GPU, not as recorded programs (CUDA graphs)")
 	matN := fs.Int("matmul-n", 4096, "with a GPU -device: matrix size of the matmul chain")
 	matChain := fs.Int("matmul-chain", 100, "with a GPU -device: products in the matmul chain")
 	chainMiB := fs.Int("chain-mib", 256, "with a GPU -device: MiB of float32 the 8-op chain runs over")
@@ -148,7 +150,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			*gpus = "all"
 		}
 	}
-	bw := benchWorker{gpus: *gpus, noFusion: *noFusion, noChains: *noChains, tf32: *tf32, xferStorage: *xferStorage}
+	bw := benchWorker{gpus: *gpus, noFusion: *noFusion, noChains: *noChains, noPrograms: *noPrograms, tf32: *tf32, xferStorage: *xferStorage}
 	if *withTLS {
 		if *tlsRuns < 1 {
 			return fmt.Errorf("-tls-runs %d: want at least 1", *tlsRuns)
@@ -177,7 +179,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	default:
 		rep.Layout = "separate processes (broker, worker, raw responder, client; TCP loopback)"
 	}
-	rep.Device, rep.NoFusion, rep.TF32 = *device, *noFusion, *tf32
+	rep.Device, rep.NoFusion, rep.NoPrograms, rep.TF32 = *device, *noFusion, *noPrograms, *tf32
 	var dev *devBench
 	if strings.HasPrefix(*device, "gpu-") {
 		dev = &devBench{n: *matN, chain: *matChain, elems: *chainMiB << 18, runs: *chainRuns}
@@ -195,7 +197,11 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fmt.Fprintf(stdout, "raw NATS request/reply 64 B p50 %8.1f us  p99 %8.1f us   (ratio %.2fx)\n", rep.RawRequestP50us, rep.RawRequestP99us, rep.RoundTripRatio)
 	fmt.Fprintf(stdout, "JetStream floor 64 B         p50 %8.1f us  p99 %8.1f us   (%.2fx raw: stored, pushed by a consumer, answered; no jetfabric code)\n", rep.FloorP50us, rep.FloorP99us, rep.FloorRatio)
 	fmt.Fprintf(stdout, "pipelined ops, one session  %10.0f ops/s  (%d ops a frame, %d B frames)\n", rep.PipelinedOpsPerS, rep.OpsPerFrame, rep.FrameBytes)
-	fmt.Fprintf(stdout, "pipelined ops in replays     %10.0f ops/s  (graphs of %d adds, %.2fx op by op)\n", rep.ReplayOpsPerS, rep.ReplayChain, rep.ReplayOpsPerS/rep.PipelinedOpsPerS)
+	programs := ""
+	if rep.NoPrograms {
+		programs = ", programs off"
+	}
+	fmt.Fprintf(stdout, "pipelined ops in replays     %10.0f ops/s  (graphs of %d adds, %.2fx op by op%s)\n", rep.ReplayOpsPerS, rep.ReplayChain, rep.ReplayOpsPerS/rep.PipelinedOpsPerS, programs)
 	fmt.Fprintf(stdout, "raw JetStream async publish %10.0f frames/s of %d B = %.0f ops/s\n", rep.RawPublishFramesS, rep.FrameBytes, rep.RawPublishOpsS)
 	if *upload > 0 {
 		fmt.Fprintf(stdout, "%d MiB upload %.0f MB/s, read-back %.0f MB/s (medians of %d; FABRIC_XFER on %s)\n", *upload, rep.UploadMBs, rep.ReadMBs, uploadRuns, rep.XferStorage)
@@ -220,6 +226,7 @@ type benchWorker struct {
 	gpus        string
 	noFusion    bool
 	noChains    bool
+	noPrograms  bool
 	tf32        bool
 	xferStorage string // the broker's -xfer-storage
 	// tls, when set, puts every connection under TLS with these
@@ -249,7 +256,7 @@ type devBench struct{ n, chain, elems, runs int }
 
 // benchFabric starts the fabric in the chosen layout and returns its URL.
 func benchFabric(ctx context.Context, layout string, ckpt time.Duration, bw benchWorker, progress func(string, ...any)) (string, func(), error) {
-	wf := workerFlags{cpus: 1, idle: time.Hour, checkpoint: ckpt, gpus: bw.gpus, noFusion: bw.noFusion, noChains: bw.noChains, tf32: bw.tf32}
+	wf := workerFlags{cpus: 1, idle: time.Hour, checkpoint: ckpt, gpus: bw.gpus, noFusion: bw.noFusion, noChains: bw.noChains, noPrograms: bw.noPrograms, tf32: bw.tf32}
 	if ckpt == 0 {
 		wf.checkpoint = -1 // off
 	}
@@ -346,7 +353,7 @@ func benchFabric(ctx context.Context, layout string, ckpt time.Duration, bw benc
 			stop()
 			return "", nil, err
 		}
-		if err := start(append([]string{"worker", "--url", url, "--idle-timeout", "1h", "--checkpoint-interval", ckpt.String(), "--gpus", bw.gpus, "--no-fusion=" + strconv.FormatBool(bw.noFusion), "--no-gpu-chains=" + strconv.FormatBool(bw.noChains), "--tf32=" + strconv.FormatBool(bw.tf32)}, clientTLS...)...); err != nil {
+		if err := start(append([]string{"worker", "--url", url, "--idle-timeout", "1h", "--checkpoint-interval", ckpt.String(), "--gpus", bw.gpus, "--no-fusion=" + strconv.FormatBool(bw.noFusion), "--no-gpu-chains=" + strconv.FormatBool(bw.noChains), "--no-programs=" + strconv.FormatBool(bw.noPrograms), "--tf32=" + strconv.FormatBool(bw.tf32)}, clientTLS...)...); err != nil {
 			stop()
 			return "", nil, err
 		}

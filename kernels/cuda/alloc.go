@@ -217,6 +217,14 @@ func (b *Backend) Alloc(n int) (kernels.Buffer, error) {
 // alloc is Alloc with mu held.
 func (b *Backend) alloc(n int) (*buffer, error) {
 	c := sizeClass(n)
+	r := b.recording
+	if r != nil {
+		if l := r.pool[c]; len(l) > 0 {
+			p := l[len(l)-1]
+			r.pool[c] = l[:len(l)-1]
+			return &buffer{ptr: p, n: n, class: c, owner: b}, nil
+		}
+	}
 	p, ok := b.mem.take(c)
 	if !ok {
 		err := b.call(func() error {
@@ -227,6 +235,9 @@ func (b *Backend) alloc(n int) (*buffer, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w: %d bytes: %w", kernels.ErrOutOfMemory, n, err)
 		}
+	}
+	if r != nil {
+		r.blocks[p] = c
 	}
 	return &buffer{ptr: p, n: n, class: c, owner: b}, nil
 }
@@ -252,6 +263,12 @@ func (b *Backend) free(d *buffer) {
 		return
 	}
 	d.freed = true
+	if r := b.recording; r != nil {
+		if c, ok := r.blocks[d.ptr]; ok { // the recording's: reused only within it
+			r.pool[c] = append(r.pool[c], d.ptr)
+			return
+		}
+	}
 	b.mem.put(d.ptr, d.class)
 }
 
@@ -331,6 +348,7 @@ func (st *stage) bytes(n int) []byte { return unsafe.Slice((*byte)(st.host), n) 
 // be reused at once, later work on the stream sees the data.
 func (b *Backend) Upload(dst kernels.Buffer, src []byte) error {
 	return b.do(func() error {
+		b.notRecordable("an upload")
 		d, err := b.own(dst, len(src))
 		if err != nil {
 			return err
@@ -359,6 +377,7 @@ func (b *Backend) Upload(dst kernels.Buffer, src []byte) error {
 // reported yet, fails it with an *AsyncError naming that op.
 func (b *Backend) Download(dst []byte, src kernels.Buffer) error {
 	return b.do(func() error {
+		b.notRecordable("a download")
 		if err := b.takeAsync(); err != nil {
 			return err
 		}

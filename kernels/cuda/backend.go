@@ -51,6 +51,11 @@ type Backend struct {
 	// fusedChains counts the chains launched as one kernel, chainForms
 	// the chain forms planned; for tests.
 	fusedChains, chainForms int
+	// recording is the program being recorded, if any (see program.go).
+	recording *recording
+	// graphs counts the programs captured as CUDA graphs (device thread;
+	// for tests).
+	graphs int
 
 	// Kernels compiled in the background (see compileAsync): bgDone holds
 	// those loaded, under bgMu; bg waits for the compilers.

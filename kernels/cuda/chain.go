@@ -217,6 +217,7 @@ func (b *Backend) flushChain() {
 	if err := b.launchChain(&ch); err != nil {
 		// Every op was checked and its kernel loaded: only scratch memory
 		// can fail here, and the ops' outputs are already handed out.
+		b.notRecordable("a chain that failed to launch")
 		b.rec = append(b.rec, func() error { return err })
 	}
 	b.pushRun(name)
@@ -233,6 +234,8 @@ func (b *Backend) launchChain(ch *chain) error {
 			}
 			b.fusedChains++
 			return b.launchPlan(cp.p, cp.fns, ch.leaves, outB)
+		} else if cp.state == chainPending && b.recording != nil {
+			b.recording.unfused = true
 		}
 	}
 	for _, op := range ch.ops {

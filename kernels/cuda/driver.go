@@ -22,6 +22,8 @@ typedef int nvrtcResult;
 typedef void* nvrtcProgram;
 typedef int cublasStatus_t;
 typedef void* cublasHandle_t;
+typedef void* CUgraph;
+typedef void* CUgraphExec;
 
 // X(return type, symbol, parameters, arguments). The first names are tried
 // in order; the wrapper is called jf_<first name>.
@@ -59,6 +61,16 @@ typedef void* cublasHandle_t;
 	X(CUresult, cuLaunchKernel, (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz, unsigned int sh, CUstream s, void** p, void** e), (f, gx, gy, gz, bx, by, bz, sh, s, p, e)) \
 	X(CUresult, cuGetErrorName, (CUresult a, const char** b), (a, b))
 
+// CUDA graphs, loaded apart: a driver without them still runs programs
+// call by call (see program.go).
+#define JF_GRAPH(X) \
+	X(CUresult, cuStreamBeginCapture_v2, (CUstream a, int b), (a, b)) \
+	X(CUresult, cuStreamEndCapture, (CUstream a, CUgraph* b), (a, b)) \
+	X(CUresult, cuGraphInstantiateWithFlags, (CUgraphExec* a, CUgraph b, unsigned long long c), (a, b, c)) \
+	X(CUresult, cuGraphLaunch, (CUgraphExec a, CUstream b), (a, b)) \
+	X(CUresult, cuGraphExecDestroy, (CUgraphExec a), (a)) \
+	X(CUresult, cuGraphDestroy, (CUgraph a), (a))
+
 #define JF_NVRTC(X) \
 	X(nvrtcResult, nvrtcVersion, (int* a, int* b), (a, b)) \
 	X(nvrtcResult, nvrtcCreateProgram, (nvrtcProgram* a, const char* b, const char* c, int d, const char* const* e, const char* const* f), (a, b, c, d, e, f)) \
@@ -84,6 +96,7 @@ typedef void* cublasHandle_t;
 	static ret (*p_##name) params; \
 	static ret jf_##name params { return p_##name args; }
 JF_CUDA(JF_DECL)
+JF_GRAPH(JF_DECL)
 JF_NVRTC(JF_DECL)
 JF_CUBLAS(JF_DECL)
 
@@ -117,6 +130,7 @@ static void* jf_open(const char* const* names, int n) {
 
 // Each loader returns NULL on success, else the missing symbol's name.
 static const char* jf_load_cuda(void* lib) { JF_CUDA(JF_LOAD) return NULL; }
+static const char* jf_load_graph(void* lib) { JF_GRAPH(JF_LOAD) return NULL; }
 static const char* jf_load_nvrtc(void* lib) { JF_NVRTC(JF_LOAD) return NULL; }
 static const char* jf_load_cublas(void* lib) { JF_CUBLAS(JF_LOAD) return NULL; }
 
@@ -219,6 +233,9 @@ var (
 	cudaOnce, nvrtcOnce, cublasOnce sync.Once
 	cudaErr, nvrtcErr, cublasErr    error
 	nvrtcMajor, nvrtcMinor          int
+	// graphErr says why the driver offers no CUDA graphs (programs then
+	// run call by call).
+	graphErr error
 )
 
 // loadDriver opens libcuda and calls cuInit once per process.
@@ -235,6 +252,10 @@ func loadDriver() error {
 		}
 		if err := cuResult("cuInit", C.jf_cuInit(0)); err != nil {
 			cudaErr = fmt.Errorf("%w: %w", ErrNoGPU, err)
+			return
+		}
+		if missing := C.jf_load_graph(lib); missing != nil {
+			graphErr = fmt.Errorf("libcuda lacks %s", C.GoString(missing))
 		}
 	})
 	return cudaErr
@@ -368,13 +389,15 @@ func compileCUBIN(src string, opts []string) ([]byte, error) {
 // The Go side of the driver: thin wrappers, so that no other file needs cgo.
 
 type (
-	cuDevice   = C.CUdevice
-	cuContext  = C.CUcontext
-	cuStream   = C.CUstream
-	cuEvent    = C.CUevent
-	cuModule   = C.CUmodule
-	cuFunction = C.CUfunction
-	blasHandle = C.cublasHandle_t
+	cuDevice    = C.CUdevice
+	cuContext   = C.CUcontext
+	cuStream    = C.CUstream
+	cuEvent     = C.CUevent
+	cuModule    = C.CUmodule
+	cuFunction  = C.CUfunction
+	blasHandle  = C.cublasHandle_t
+	cuGraph     = C.CUgraph
+	cuGraphExec = C.CUgraphExec
 )
 
 func deviceCount() (int, error) {
@@ -606,3 +629,35 @@ const (
 	computeF64     = 70
 	computeF32TF32 = 77
 )
+
+// captureRelaxed is CU_STREAM_CAPTURE_MODE_RELAXED: the capture does not
+// forbid calls that are unsafe during a capture on other threads.
+const captureRelaxed = 2
+
+func streamBeginCapture(s cuStream) error {
+	return cuResult("cuStreamBeginCapture_v2", C.jf_cuStreamBeginCapture_v2(s, captureRelaxed))
+}
+
+func streamEndCapture(s cuStream) (cuGraph, error) {
+	var g C.CUgraph
+	err := cuResult("cuStreamEndCapture", C.jf_cuStreamEndCapture(s, &g))
+	return g, err
+}
+
+func graphInstantiate(g cuGraph) (cuGraphExec, error) {
+	var e C.CUgraphExec
+	err := cuResult("cuGraphInstantiateWithFlags", C.jf_cuGraphInstantiateWithFlags(&e, g, 0))
+	return e, err
+}
+
+func graphLaunch(e cuGraphExec, s cuStream) error {
+	return cuResult("cuGraphLaunch", C.jf_cuGraphLaunch(e, s))
+}
+
+func graphExecDestroy(e cuGraphExec) error {
+	return cuResult("cuGraphExecDestroy", C.jf_cuGraphExecDestroy(e))
+}
+
+func graphDestroy(g cuGraph) error {
+	return cuResult("cuGraphDestroy", C.jf_cuGraphDestroy(g))
+}

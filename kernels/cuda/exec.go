@@ -27,8 +27,9 @@ func (b *Backend) Exec(op *kernels.Op, in, out []*kernels.Tensor) error {
 	if b.closed {
 		return ErrClosed
 	}
-	own := *op // the caller reuses op once Exec returns (kernels.Backend)
-	return b.queue(own.Name, func() error { return b.exec(&own, in, out) })
+	// The caller reuses op once Exec returns (kernels.Backend): nothing
+	// queued refers to it, only to values taken from it.
+	return b.queue(op.Name, func() error { return b.exec(op, in, out) })
 }
 
 // ExecFused queues a fused group as one kernel: elementwise ops (unary,
@@ -131,6 +132,9 @@ func (b *Backend) pushRun(op string) {
 	}
 	for b.qn.Load() >= maxQueued {
 		runtime.Gosched()
+	}
+	if r := b.recording; r != nil {
+		r.body = append(r.body, item{run: b.rec, op: op})
 	}
 	b.push(item{run: b.rec, op: op})
 	b.rec = nil

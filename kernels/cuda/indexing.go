@@ -131,6 +131,7 @@ func (b *Backend) indexOp(op *kernels.Op, inM []kernels.Meta, y kernels.Meta, in
 // work queued and returns the u32 at d. A queued op that failed to launch,
 // and was not reported yet, fails it with an *AsyncError.
 func (b *Backend) readFlag(d *buffer, op string) (uint32, error) {
+	b.notRecordable(op + " checks its indices on the host")
 	b.pushRun(op)
 	var v uint32
 	err := b.call(func() error {
