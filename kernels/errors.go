@@ -25,6 +25,10 @@ var (
 	ErrNotImplemented = errors.New("kernels: not implemented by this backend")
 	// ErrOutOfMemory: the backend could not allocate.
 	ErrOutOfMemory = errors.New("kernels: out of device memory")
+	// ErrNotRecordable: the work recorded (see Program) cannot be run again
+	// as it was recorded: a call failed, data went to or from the host, a
+	// check ran on the host.
+	ErrNotRecordable = errors.New("kernels: work not recordable")
 	// ErrNotYet: a recording (see Program) was refused for now, not for
 	// good: the same work recorded later may be accepted (a fused kernel
 	// it would use is still compiling).

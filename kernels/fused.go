@@ -69,3 +69,12 @@ func InferFused(g *FusedGroup, in []Meta, lim Limits) ([]Meta, error) {
 	}
 	return vals, nil
 }
+
+// Clone returns a copy of g that shares no memory with it.
+func (g *FusedGroup) Clone() FusedGroup {
+	c := FusedGroup{Inputs: g.Inputs, Ops: make([]FusedOp, len(g.Ops)), Results: append([]int{}, g.Results...)}
+	for i, op := range g.Ops {
+		c.Ops[i] = FusedOp{Op: op.Op.Clone(), Args: append([]int{}, op.Args...)}
+	}
+	return c
+}

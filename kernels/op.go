@@ -288,3 +288,14 @@ func sameDType(name string, in ...Meta) error {
 	}
 	return nil
 }
+
+// Clone returns a copy of op that shares no memory with it.
+func (op *Op) Clone() Op {
+	c := *op
+	for _, s := range []*[]int{&c.Shape, &c.Axes, &c.Perm, &c.Starts, &c.Ends, &c.Steps, &c.Pads, &c.Sizes, &c.Stride, &c.Padding, &c.Dilation, &c.Kernel} {
+		if *s != nil {
+			*s = append([]int{}, (*s)...)
+		}
+	}
+	return c
+}

@@ -7,225 +7,13 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/jetfabric/jetfabric/broker/brokertest"
 	"github.com/jetfabric/jetfabric/client"
 	"github.com/jetfabric/jetfabric/codec"
-	"github.com/jetfabric/jetfabric/kernels"
-	"github.com/jetfabric/jetfabric/kernels/cpu"
 	"github.com/jetfabric/jetfabric/worker"
 )
-
-// recCPU is the CPU backend with a recorder of its own, a reference for
-// the worker's side of programs: a program runs again the Exec calls it
-// recorded, on the buffers they were recorded with. It offers none of the
-// CPU backend's fusing, so replays on it take the worker's plain path.
-type recCPU struct {
-	b   *cpu.Backend
-	mu  sync.Mutex
-	rec *cpuRecording
-}
-
-type cpuRecording struct {
-	calls  []cpuCall
-	blocks map[kernels.Buffer]bool
-	pool   []kernels.Buffer
-	inputs []kernels.Buffer
-	bad    string
-}
-
-type cpuCall struct {
-	op      kernels.Op
-	in, out []*kernels.Tensor
-}
-
-func newRecCPU() *recCPU { return &recCPU{b: cpu.New()} }
-
-func (r *recCPU) Name() string { return "cpu with a recorder" }
-
-func (r *recCPU) Alloc(n int) (kernels.Buffer, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if rec := r.rec; rec != nil {
-		for i, buf := range rec.pool {
-			if buf.Bytes() == n {
-				rec.pool = append(rec.pool[:i], rec.pool[i+1:]...)
-				return buf, nil
-			}
-		}
-	}
-	buf, err := r.b.Alloc(n)
-	if err == nil && r.rec != nil {
-		r.rec.blocks[buf] = true
-	}
-	return buf, err
-}
-
-func (r *recCPU) Free(buf kernels.Buffer) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if rec := r.rec; rec != nil && rec.blocks[buf] {
-		rec.pool = append(rec.pool, buf)
-		return
-	}
-	r.b.Free(buf)
-}
-
-func (r *recCPU) Upload(dst kernels.Buffer, src []byte) error {
-	r.notRecordable("an upload")
-	return r.b.Upload(dst, src)
-}
-
-func (r *recCPU) Download(dst []byte, src kernels.Buffer) error {
-	r.notRecordable("a download")
-	return r.b.Download(dst, src)
-}
-
-func (r *recCPU) notRecordable(why string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.rec != nil && r.rec.bad == "" {
-		r.rec.bad = why
-	}
-}
-
-func (r *recCPU) Exec(op *kernels.Op, in, out []*kernels.Tensor) error {
-	r.mu.Lock()
-	if rec := r.rec; rec != nil {
-		c := cpuCall{op: *op}
-		for _, t := range in {
-			c.in = append(c.in, &kernels.Tensor{Meta: t.Meta, Buf: t.Buf})
-		}
-		for _, t := range out {
-			c.out = append(c.out, &kernels.Tensor{Meta: t.Meta, Buf: t.Buf})
-		}
-		rec.calls = append(rec.calls, c)
-	}
-	r.mu.Unlock()
-	return r.b.Exec(op, in, out)
-}
-
-func (r *recCPU) Sync() error { return r.b.Sync() }
-
-func (r *recCPU) Record() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.rec != nil {
-		return errors.New("recording already")
-	}
-	r.rec = &cpuRecording{blocks: map[kernels.Buffer]bool{}}
-	return nil
-}
-
-func (r *recCPU) RecordInput(slot, src kernels.Buffer) error {
-	r.mu.Lock()
-	rec := r.rec
-	r.mu.Unlock()
-	if rec == nil || !rec.blocks[slot] || slot.Bytes() != src.Bytes() {
-		return errors.New("bad slot")
-	}
-	if err := copyBuf(r.b, slot, src); err != nil {
-		return err
-	}
-	rec.inputs = append(rec.inputs, slot)
-	return nil
-}
-
-func (r *recCPU) EndRecord(outs, held []kernels.Buffer) (kernels.Program, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	rec := r.rec
-	r.rec = nil
-	if rec == nil {
-		return nil, errors.New("no recording")
-	}
-	drop := func(err error) (kernels.Program, error) {
-		for _, buf := range rec.pool {
-			r.b.Free(buf)
-		}
-		return nil, err
-	}
-	if rec.bad != "" {
-		return drop(errors.New("not recordable: " + rec.bad))
-	}
-	if len(rec.pool)+len(outs)+len(held) != len(rec.blocks) {
-		return drop(errors.New("blocks unaccounted for"))
-	}
-	p := &cpuProgram{r: r, rec: rec, outs: outs}
-	for buf := range rec.blocks {
-		p.bytes += int64(buf.Bytes())
-	}
-	return p, nil
-}
-
-func (r *recCPU) AbortRecord() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if rec := r.rec; rec != nil {
-		r.rec = nil
-		for _, buf := range rec.pool {
-			r.b.Free(buf)
-		}
-	}
-}
-
-func copyBuf(b *cpu.Backend, dst, src kernels.Buffer) error {
-	tmp := make([]byte, src.Bytes())
-	if err := b.Download(tmp, src); err != nil {
-		return err
-	}
-	return b.Upload(dst, tmp)
-}
-
-type cpuProgram struct {
-	r        *recCPU
-	rec      *cpuRecording
-	outs     []kernels.Buffer
-	bytes    int64
-	runs     int
-	released bool
-}
-
-func (p *cpuProgram) Run(in, out []kernels.Buffer) error {
-	if p.released || len(in) != len(p.rec.inputs) || len(out) != len(p.outs) {
-		return errors.New("bad run")
-	}
-	for k, buf := range in {
-		if err := copyBuf(p.r.b, p.rec.inputs[k], buf); err != nil {
-			return err
-		}
-	}
-	for _, c := range p.rec.calls {
-		if err := p.r.b.Exec(&c.op, c.in, c.out); err != nil {
-			return err
-		}
-	}
-	p.runs++
-	return p.CopyOutputs(out)
-}
-
-func (p *cpuProgram) CopyOutputs(out []kernels.Buffer) error {
-	for k, buf := range out {
-		if err := copyBuf(p.r.b, buf, p.outs[k]); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (p *cpuProgram) Bytes() int64 { return p.bytes }
-
-func (p *cpuProgram) Release() {
-	if p.released {
-		return
-	}
-	p.released = true
-	for buf := range p.rec.blocks {
-		p.r.b.Free(buf)
-	}
-}
 
 // open opens a session on device, closed at the end of the test.
 func open(t testing.TB, c *client.Client, device string) *client.Session {
@@ -445,13 +233,10 @@ func checkPrograms(t *testing.T, w *worker.Worker, c *client.Client, device stri
 // where a backend may refuse recordings for a while.
 const maxReplays = 5000
 
-// TestPrograms runs checkPrograms on a CPU device whose backend records
-// (the worker's side of programs, on any machine).
+// TestPrograms runs checkPrograms on a CPU device.
 func TestPrograms(t *testing.T) {
 	b := brokertest.Run(t)
-	w := startWorker(t, b, func(c *worker.Config) {
-		c.Devices = []worker.Device{{Name: "cpu-0", Kind: "cpu", Backend: newRecCPU()}}
-	})
+	w := startWorker(t, b)
 	c, err := client.Connect(b.ClientURL())
 	if err != nil {
 		t.Fatal(err)

@@ -474,6 +474,15 @@ func execConv(b *Backend, op *kernels.Op, in, out []*kernels.Tensor) error {
 // in cache. It takes conv2d of float32 and float64, and returns
 // kernels.ErrNotImplemented, doing nothing, for any other op.
 func (b *Backend) ExecRelu(op *kernels.Op, in, out []*kernels.Tensor) error {
+	err := b.execRelu(op, in, out)
+	if r := b.rec.Load(); r != nil && op != nil {
+		c, ci, co := op.Clone(), cloneTensors(in), cloneTensors(out)
+		r.note(err, op.Name+" with relu", func() error { return b.execRelu(&c, ci, co) })
+	}
+	return err
+}
+
+func (b *Backend) execRelu(op *kernels.Op, in, out []*kernels.Tensor) error {
 	if op == nil || op.Name != kernels.OpConv2D || len(in) == 0 || in[0] == nil ||
 		in[0].DType != kernels.Float32 && in[0].DType != kernels.Float64 {
 		return fmt.Errorf("%w: cpu: relu after this op", kernels.ErrNotImplemented)

@@ -3,6 +3,7 @@ package cpu
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/jetfabric/jetfabric/kernels"
@@ -15,6 +16,8 @@ const maxAlloc = 1 << 40
 // Backend is the CPU backend. The zero value is not usable; call New.
 type Backend struct {
 	cache *cache
+	// rec is the recording in progress, if any (see program.go).
+	rec atomic.Pointer[recording]
 }
 
 var _ kernels.Backend = (*Backend)(nil)
@@ -92,6 +95,22 @@ func (b *Backend) AllocUninit(n int) (kernels.Buffer, error) {
 }
 
 func (b *Backend) alloc(n int) (_ *Buffer, reused bool, err error) {
+	r := b.rec.Load()
+	if r == nil {
+		return b.allocFree(n)
+	}
+	if buf := r.take(n); buf != nil {
+		return buf, true, nil
+	}
+	buf, reused, err := b.allocFree(n)
+	if err == nil {
+		r.add(buf)
+	}
+	return buf, reused, err
+}
+
+// allocFree allocates from the cache of freed buffers or the heap.
+func (b *Backend) allocFree(n int) (_ *Buffer, reused bool, err error) {
 	if n < 0 || n > maxAlloc {
 		return nil, false, fmt.Errorf("%w: cpu: cannot allocate %d bytes", kernels.ErrOutOfMemory, n)
 	}
@@ -118,6 +137,9 @@ func (b *Backend) alloc(n int) (_ *Buffer, reused bool, err error) {
 // a no-op.
 func (b *Backend) Free(buf kernels.Buffer) {
 	if c, ok := buf.(*Buffer); ok && c != nil {
+		if r := b.rec.Load(); r != nil && r.keep(c) {
+			return // the recording's, reused only within it
+		}
 		if c.words != nil {
 			b.cache.put(c.words)
 		}
@@ -135,6 +157,9 @@ func (b *Backend) Upload(dst kernels.Buffer, src []byte) error {
 	}
 	if len(src) > len(d) {
 		return fmt.Errorf("%w: cpu: upload of %d bytes into a buffer of %d", kernels.ErrShape, len(src), len(d))
+	}
+	if r := b.rec.Load(); r != nil && r.owns(dst.(*Buffer)) {
+		r.notRecordable("an upload")
 	}
 	copy(d, src)
 	return nil
@@ -202,7 +227,16 @@ func defVar(fn execFn, nin, nout int, names ...string) {
 // kernels.ErrIndex for an index input out of range, and
 // kernels.ErrUnknownOp for an op outside the set. An output may share its
 // buffer with an input.
-func (b *Backend) Exec(op *kernels.Op, in, out []*kernels.Tensor) (err error) {
+func (b *Backend) Exec(op *kernels.Op, in, out []*kernels.Tensor) error {
+	err := b.exec(op, in, out)
+	if r := b.rec.Load(); r != nil && op != nil {
+		c, ci, co := op.Clone(), cloneTensors(in), cloneTensors(out)
+		r.note(err, op.Name, func() error { return b.exec(&c, ci, co) })
+	}
+	return err
+}
+
+func (b *Backend) exec(op *kernels.Op, in, out []*kernels.Tensor) (err error) {
 	if op == nil {
 		return fmt.Errorf("%w: cpu: nil op", kernels.ErrUnknownOp)
 	}

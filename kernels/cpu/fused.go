@@ -20,6 +20,15 @@ import (
 // does not take: an op that is not elementwise, results of differing
 // shapes, or inputs that broadcast in a way a block of rows cannot follow.
 func (b *Backend) ExecFused(g *kernels.FusedGroup, in, out []*kernels.Tensor) error {
+	err := b.execFused(g, in, out)
+	if r := b.rec.Load(); r != nil && g != nil {
+		c, ci, co := g.Clone(), cloneTensors(in), cloneTensors(out)
+		r.note(err, "fused group", func() error { return b.execFused(&c, ci, co) })
+	}
+	return err
+}
+
+func (b *Backend) execFused(g *kernels.FusedGroup, in, out []*kernels.Tensor) error {
 	if g == nil {
 		return fmt.Errorf("%w: cpu: nil fused group", kernels.ErrArity)
 	}
@@ -264,7 +273,7 @@ func (f *fusedRun) blocks(lo, hi int) error {
 				bufs[v] = Buffer{data: scratch[v][:nb]}
 			}
 			ts[v] = kernels.Tensor{Meta: om[0], Buf: &bufs[v]}
-			if err := f.b.Exec(op, args, []*kernels.Tensor{&ts[v]}); err != nil {
+			if err := f.b.exec(op, args, []*kernels.Tensor{&ts[v]}); err != nil {
 				return err
 			}
 		}

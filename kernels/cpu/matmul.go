@@ -151,7 +151,16 @@ func runMatmul(b *Backend, op *kernels.Op, p *mm, in, out []*kernels.Tensor) err
 // float32 or float64 (the other operand 2-D too); for others, and for an
 // output that overlaps an input, it returns kernels.ErrNotImplemented,
 // doing nothing. It checks and fails as Exec does.
-func (b *Backend) ExecMatmulT(op *kernels.Op, trans [2]bool, in, out []*kernels.Tensor) (err error) {
+func (b *Backend) ExecMatmulT(op *kernels.Op, trans [2]bool, in, out []*kernels.Tensor) error {
+	err := b.execMatmulT(op, trans, in, out)
+	if r := b.rec.Load(); r != nil && op != nil {
+		c, ci, co := op.Clone(), cloneTensors(in), cloneTensors(out)
+		r.note(err, "matmul of transposed operands", func() error { return b.execMatmulT(&c, trans, ci, co) })
+	}
+	return err
+}
+
+func (b *Backend) execMatmulT(op *kernels.Op, trans [2]bool, in, out []*kernels.Tensor) (err error) {
 	if op == nil || op.Name != kernels.OpMatmul {
 		return fmt.Errorf("%w: cpu: transposed operands of an op other than matmul", kernels.ErrNotImplemented)
 	}

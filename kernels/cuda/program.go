@@ -3,7 +3,6 @@
 package cuda
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/jetfabric/jetfabric/kernels"
@@ -34,14 +33,10 @@ import (
 // program running its calls one by one, with the same results.
 //
 // Work that cannot be repeated makes the recording fail at EndRecord
-// (ErrNotRecordable): an op that reads a flag back from the device (index
+// (kernels.ErrNotRecordable): an op that reads a flag back from the device (index
 // checks), an upload or a download (host memory), a call that failed to
 // plan. The caller then keeps what the ops did as they ran, and runs them
 // one by one next time.
-
-// ErrNotRecordable is returned by EndRecord when the work recorded cannot
-// be run again as it was recorded.
-var ErrNotRecordable = errors.New("cuda: work not recordable")
 
 var _ kernels.Program = (*Program)(nil)
 
@@ -159,7 +154,7 @@ func (b *Backend) EndRecord(outs, held []kernels.Buffer) (kernels.Program, error
 	}
 	switch {
 	case r.bad != "":
-		return fail(fmt.Errorf("%w: %s", ErrNotRecordable, r.bad))
+		return fail(fmt.Errorf("%w: %s", kernels.ErrNotRecordable, r.bad))
 	case r.unfused:
 		return fail(fmt.Errorf("%w: a chain's fused kernel is still compiling", kernels.ErrNotYet))
 	}

@@ -165,8 +165,8 @@ func TestProgramRefused(t *testing.T) {
 	if err := b.Exec(&kernels.Op{Name: kernels.OpIndexSelect}, []*kernels.Tensor{table, idx}, []*kernels.Tensor{o}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.EndRecord([]kernels.Buffer{out}, nil); !errors.Is(err, ErrNotRecordable) {
-		t.Fatalf("EndRecord after an index check: %v, want ErrNotRecordable", err)
+	if _, err := b.EndRecord([]kernels.Buffer{out}, nil); !errors.Is(err, kernels.ErrNotRecordable) {
+		t.Fatalf("EndRecord after an index check: %v, want kernels.ErrNotRecordable", err)
 	}
 	// The output is the caller's still, and right.
 	if v := values(t, b, o); !slices.Equal(v, []float64{7, 8, 3, 4}) {
