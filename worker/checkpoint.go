@@ -270,8 +270,8 @@ func (d *device) snapshot(ctx context.Context) (*ckptSnapshot, error) {
 	b := d.cfg.Backend
 	for _, s := range d.sessions {
 		ss := snapSession{ckptSession: ckptSession{ID: s.id, Seed: s.seed, Frame: s.frame, Pending: append([]codec.Error(nil), s.pending...)}}
-		ss.tensors = make([]snapTensor, 0, len(s.tensors))
-		for id, e := range s.tensors {
+		ss.tensors = make([]snapTensor, 0, s.tensors.len())
+		for id, e := range s.tensors.all() {
 			if e.fail != nil {
 				ss.Failed = append(ss.Failed, ckptFailed{ID: id, Err: *e.fail})
 				continue
@@ -565,7 +565,7 @@ func (d *device) restore(ctx context.Context) (uint64, error) {
 		}
 		for _, f := range cs.Failed {
 			err := f.Err
-			s.tensors[f.ID] = entry{fail: &err}
+			s.tensors.set(f.ID, entry{fail: &err})
 		}
 		d.sessions[cs.ID] = s
 		for _, ct := range cs.Tensors {
@@ -577,7 +577,7 @@ func (d *device) restore(ctx context.Context) (uint64, error) {
 				lazy = append(lazy, &lazyTensor{t: t, id: ct.ID, read: read, done: make(chan struct{})})
 				lazyBytes += int64(t.Buf.Bytes())
 			}
-			s.tensors[ct.ID] = entry{t: t}
+			s.tensors.set(ct.ID, entry{t: t})
 			s.addBytes(int64(t.Buf.Bytes()))
 			if ct.Digest != "" {
 				digests[t], objects[ct.Digest] = ct.Digest, true

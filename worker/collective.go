@@ -90,7 +90,7 @@ func (x *exec) startCollective(i int, op *codec.Op, c *coll, in *kernels.Tensor,
 		mv: &mover{w: d.w}, cancel: cancel, done: make(chan struct{})}
 	c.ctx, c.mv = ctx, f.mv
 	d.mem.pin(in.Buf)
-	x.s.tensors[f.id] = entry{t: t}
+	x.s.tensors.set(f.id, entry{t: t})
 	if d.flyingBy == nil {
 		d.flyingBy = map[*kernels.Tensor]*flight{}
 	}
@@ -159,9 +159,9 @@ func (d *device) settle(f *flight) {
 	if d.sessions[s.id] == s {
 		s.pendInOrder(e)
 	}
-	if cur, ok := s.tensors[f.id]; ok && cur.t == f.t && !f.freed {
+	if cur, ok := s.tensors.get(f.id); ok && cur.t == f.t && !f.freed {
 		s.addBytes(-int64(f.t.Buf.Bytes()))
-		s.tensors[f.id] = entry{fail: &e}
+		s.tensors.set(f.id, entry{fail: &e})
 	}
 	d.freeBuf(f.t.Buf)
 }

@@ -509,7 +509,7 @@ func (d *device) evictIdle(now time.Time) {
 	}
 	for id, s := range d.sessions {
 		if seen := d.lastSeen(s); now.Sub(seen) > limit {
-			d.w.logf("worker: %s: session %s idle for %v, freeing %d tensors", d.cfg.Name, id, now.Sub(seen).Round(time.Second), len(s.tensors))
+			d.w.logf("worker: %s: session %s idle for %v, freeing %d tensors", d.cfg.Name, id, now.Sub(seen).Round(time.Second), s.tensors.len())
 			s.freeAll(d)
 			d.dropHeld(s)
 			delete(d.sessions, id)

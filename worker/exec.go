@@ -122,16 +122,16 @@ func (x *exec) failed(i int, op *codec.Op, err error) {
 		// Report the first cause on the ids this op would have made; the
 		// cause itself was reported already.
 		for _, id := range op.Out {
-			if _, taken := x.s.tensors[id]; !taken {
-				x.s.tensors[id] = entry{fail: fe.cause}
+			if !x.s.tensors.has(id) {
+				x.s.tensors.set(id, entry{fail: fe.cause})
 			}
 		}
 		return
 	}
 	x.pend(e)
 	for _, id := range op.Out {
-		if _, taken := x.s.tensors[id]; !taken {
-			x.s.tensors[id] = entry{fail: &e}
+		if !x.s.tensors.has(id) {
+			x.s.tensors.set(id, entry{fail: &e})
 		}
 	}
 }
@@ -170,9 +170,9 @@ func codeOf(err error) string {
 // input resolves a tensor id, waiting for it if it is the output of a
 // collective in flight.
 func (x *exec) input(id uint64) (*kernels.Tensor, error) {
-	e, ok := x.s.tensors[id]
+	e, ok := x.s.tensors.get(id)
 	if ok && e.t != nil && x.d.awaitFlying(e.t) {
-		e, ok = x.s.tensors[id] // the tensor, or the collective's error
+		e, ok = x.s.tensors.get(id) // the tensor, or the collective's error
 	}
 	switch {
 	case !ok:
@@ -238,7 +238,7 @@ func (x *exec) claim(op *codec.Op, n int) error {
 		if id == 0 {
 			return failf(codec.CodeAttr, "output id 0 is reserved")
 		}
-		if _, taken := x.s.tensors[id]; taken {
+		if x.s.tensors.has(id) {
 			return failf(codec.CodeDuplicate, "output id %d is already in use in this session", id)
 		}
 	}
@@ -300,11 +300,11 @@ func (x *exec) compute(op *codec.Op) error {
 	for _, i := range from {
 		if i >= 0 {
 			x.d.dropLazy(in[i])
-			delete(x.s.tensors, op.In[i])
+			x.s.tensors.del(op.In[i])
 		}
 	}
 	for j, id := range op.Out {
-		x.s.tensors[id] = entry{t: out[j]}
+		x.s.tensors.set(id, entry{t: out[j]})
 	}
 	return nil
 }
@@ -386,7 +386,7 @@ func (x *exec) upload(op *codec.Op) error {
 		x.release([]*kernels.Tensor{t})
 		return err
 	}
-	x.s.tensors[op.Out[0]] = entry{t: t}
+	x.s.tensors.set(op.Out[0], entry{t: t})
 	if op.Object != "" {
 		x.io.inObject += uint64(len(data))
 	} else {

@@ -177,7 +177,7 @@ func (x *exec) fuseRun(f fuser, ops []codec.Op, start, end int, keep []bool) (n 
 	for k := range run {
 		op := &run[k]
 		id := op.Out[0]
-		if _, taken := x.s.tensors[id]; taken || id == 0 || !kernels.Known(op.Op) {
+		if x.s.tensors.has(id) || id == 0 || !kernels.Known(op.Op) {
 			return 0, false
 		}
 		kop, err := codec.KernelOp(op)
@@ -229,7 +229,7 @@ func (x *exec) fuseRun(f fuser, ops []codec.Op, start, end int, keep []bool) (n 
 		return 0, false
 	}
 	for k, r := range g.Results {
-		x.s.tensors[run[r-g.Inputs].Out[0]] = entry{t: out[k]}
+		x.s.tensors.set(run[r-g.Inputs].Out[0], entry{t: out[k]})
 	}
 	x.d.m.fused(len(run))
 	return len(run), false
@@ -270,7 +270,7 @@ func (x *exec) withRelu(rl reluer, ops []codec.Op, uses map[uint64][]int, start 
 		return 0
 	}
 	for _, id := range []uint64{mid, res} {
-		if _, taken := x.s.tensors[id]; taken {
+		if x.s.tensors.has(id) {
 			return 0
 		}
 	}
@@ -316,7 +316,7 @@ func (x *exec) withRelu(rl reluer, ops []codec.Op, uses map[uint64][]int, start 
 		x.release(out)
 		return 0
 	}
-	x.s.tensors[res] = entry{t: t}
+	x.s.tensors.set(res, entry{t: t})
 	x.d.m.fused(2)
 	return 2
 }
@@ -376,7 +376,7 @@ func (x *exec) withTransposed(tp transposer, ops []codec.Op, uses map[uint64][]i
 		if k == 1 || k == len(us) || ops[us[k]].Op != opFree {
 			return 0
 		}
-		if _, taken := x.s.tensors[t]; taken {
+		if x.s.tensors.has(t) {
 			return 0
 		}
 		src, err := x.input(p.In[0])
@@ -407,7 +407,7 @@ func (x *exec) withTransposed(tp transposer, ops []codec.Op, uses map[uint64][]i
 		}
 		in[i], metas[i] = t, t.Meta
 	}
-	if _, taken := x.s.tensors[mm.Out[0]]; taken {
+	if x.s.tensors.has(mm.Out[0]) {
 		return 0
 	}
 	kop, err := codec.KernelOp(mm)
@@ -434,7 +434,7 @@ func (x *exec) withTransposed(tp transposer, ops []codec.Op, uses map[uint64][]i
 		x.release(out)
 		return 0
 	}
-	x.s.tensors[mm.Out[0]] = entry{t: t}
+	x.s.tensors.set(mm.Out[0], entry{t: t})
 	x.d.m.fused(perms + 1)
 	return perms + 1
 }

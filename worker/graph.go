@@ -323,10 +323,10 @@ func (x *exec) bind(p *graphPlan, op *codec.Op) ([]uint64, error) {
 		return nil, failf(codec.CodeAttr, "replay of graph %s: base %d leaves no room for its %d internal ids", p.name[:12], op.Base, p.internal)
 	}
 	for j, id := range op.In {
-		e, ok := x.s.tensors[id]
+		e, ok := x.s.tensors.get(id)
 		if ok && e.t != nil && (e.t.DType != p.inputs[j].DType || !sameShape(e.t.Shape, p.inputs[j].Shape)) && x.d.awaitFlying(e.t) {
 			// A collective in flight that fails becomes a failed id.
-			e, ok = x.s.tensors[id]
+			e, ok = x.s.tensors.get(id)
 		}
 		switch {
 		case !ok:

@@ -108,7 +108,7 @@ func (x *exec) programInputs(p *graphPlan, op *codec.Op) ([]*kernels.Tensor, boo
 		in[j] = t
 	}
 	for k := range p.internal {
-		if _, taken := x.s.tensors[op.Base+uint64(k)]; taken {
+		if x.s.tensors.has(op.Base + uint64(k)) {
 			return nil, false
 		}
 	}
@@ -152,7 +152,7 @@ func (x *exec) runProgram(prog kernels.Program, p *graphPlan, op *codec.Op) bool
 // the graph frees.
 func (x *exec) finishProgram(p *graphPlan, op *codec.Op, out []*kernels.Tensor) {
 	for j, off := range p.outputs {
-		x.s.tensors[op.Base+off] = entry{t: out[j]}
+		x.s.tensors.set(op.Base+off, entry{t: out[j]})
 	}
 	for j, id := range op.In {
 		if p.freesInput[j] {
@@ -204,15 +204,15 @@ func (x *exec) recordProgram(r recorder, p *graphPlan, op *codec.Op, ids []uint6
 	}
 	saved := make([]entry, len(in))
 	for j, id := range op.In {
-		saved[j] = x.s.tensors[id]
-		x.s.tensors[id] = entry{t: slots[j]}
+		saved[j], _ = x.s.tensors.get(id)
+		x.s.tensors.set(id, entry{t: slots[j]})
 	}
 	pending := len(x.s.pending)
 	x.replayOps(p, op, ids, i, run)
 	failed := len(x.s.pending) != pending
 	results := make([]*kernels.Tensor, len(p.outputs))
 	for j, off := range p.outputs {
-		e := x.s.tensors[op.Base+off]
+		e, _ := x.s.tensors.get(op.Base + off)
 		if e.t == nil {
 			failed = true
 		}
@@ -223,8 +223,8 @@ func (x *exec) recordProgram(r recorder, p *graphPlan, op *codec.Op, ids []uint6
 	// goes now, its bytes counted back first.
 	var held []*kernels.Tensor
 	for j, id := range op.In {
-		e, kept := x.s.tensors[id]
-		x.s.tensors[id] = saved[j]
+		e, kept := x.s.tensors.get(id)
+		x.s.tensors.set(id, saved[j])
 		if kept {
 			held = append(held, e.t)
 		} else {
@@ -268,13 +268,13 @@ func (x *exec) recordProgram(r recorder, p *graphPlan, op *codec.Op, ids []uint6
 		// Only a closed backend refuses; its tensors are gone with it.
 		x.release(out)
 		for _, off := range p.outputs {
-			x.s.tensors[op.Base+off] = entry{fail: &codec.Error{Seq: x.seq, Index: i, Op: op.Op, Code: codec.CodeInternal, Message: err.Error()}}
+			x.s.tensors.set(op.Base+off, entry{fail: &codec.Error{Seq: x.seq, Index: i, Op: op.Op, Code: codec.CodeInternal, Message: err.Error()}})
 		}
 		x.dropProgram(prog)
 		return true
 	}
 	for j, off := range p.outputs {
-		x.s.tensors[op.Base+off] = entry{t: out[j]}
+		x.s.tensors.set(op.Base+off, entry{t: out[j]})
 	}
 	if prog.Bytes() > maxProgramBytes {
 		x.dropProgram(prog)

@@ -21,7 +21,7 @@ type entry struct {
 // touches it.
 type session struct {
 	id      string
-	tensors map[uint64]entry
+	tensors table
 	seed    uint64
 	// pending holds errors not yet reported to the client.
 	pending []codec.Error
@@ -54,7 +54,7 @@ type heldFrame struct {
 }
 
 func newSession(id string) *session {
-	return &session{id: id, tensors: map[uint64]entry{}}
+	return &session{id: id}
 }
 
 // addBytes changes the bytes the session holds, and its tenant's.
@@ -66,7 +66,7 @@ func (s *session) addBytes(n int64) {
 }
 
 func (s *session) free(d *device, id uint64) bool {
-	e, ok := s.tensors[id]
+	e, ok := s.tensors.get(id)
 	if !ok {
 		return false
 	}
@@ -77,12 +77,12 @@ func (s *session) free(d *device, id uint64) bool {
 			d.freeBuf(e.t.Buf)
 		}
 	}
-	delete(s.tensors, id)
+	s.tensors.del(id)
 	return true
 }
 
 func (s *session) freeAll(d *device) {
-	for id := range s.tensors {
+	for id := range s.tensors.all() {
 		s.free(d, id)
 	}
 	s.dropPrograms(d)

@@ -493,7 +493,7 @@ func (x *exec) place(id uint64, m kernels.Meta, data []byte) error {
 		x.release([]*kernels.Tensor{t})
 		return err
 	}
-	x.s.tensors[id] = entry{t: t}
+	x.s.tensors.set(id, entry{t: t})
 	return nil
 }
 
@@ -529,7 +529,7 @@ func (r *receiver) done(id uint64) error {
 			return err
 		}
 	}
-	r.x.s.tensors[id] = entry{t: r.t}
+	r.x.s.tensors.set(id, entry{t: r.t})
 	return nil
 }
 

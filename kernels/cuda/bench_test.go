@@ -450,3 +450,28 @@ func BenchmarkConv2DFirst(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkTinyRoundTrip: what a worker does for a tiny op and its read
+// (alloc, an add, a 4-byte download, a free), one at a time: the
+// backend's part of the fabric's round trip.
+func BenchmarkTinyRoundTrip(b *testing.B) {
+	be := newBackend(b)
+	one := tensor(b, be, kernels.Float32, []int{1}, []float64{1})
+	op := &kernels.Op{Name: kernels.OpAdd}
+	raw := make([]byte, 4)
+	for b.Loop() {
+		buf, err := be.Alloc(4)
+		if err != nil {
+			b.Fatal(err)
+		}
+		y := &kernels.Tensor{Meta: one.Meta, Buf: buf}
+		if err := be.Exec(op, []*kernels.Tensor{one, one}, []*kernels.Tensor{y}); err != nil {
+			b.Fatal(err)
+		}
+		if err := be.Download(raw, buf); err != nil {
+			b.Fatal(err)
+		}
+		be.Free(buf)
+	}
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "us/trip")
+}
