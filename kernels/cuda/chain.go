@@ -37,7 +37,9 @@ type chainOp struct {
 // chain reads from memory, with their metas. key names the chain's form:
 // each op's plan key and where its arguments come from.
 type chain struct {
-	ops    []chainOp
+	ops []chainOp
+	inB []*buffer // the ops' inputs: each op's inB is a slice of it
+
 	leaves []*buffer
 	leafM  []kernels.Meta
 	key    []byte
@@ -129,7 +131,9 @@ func (b *Backend) chainAdd(name string, c *planned, in []*kernels.Tensor, inB []
 	// The leaf the op's output shares memory with, if any (plus one).
 	k = binary.AppendUvarint(k, uint64(ch.leafOf(out)+1))
 	ch.key = k
-	ch.ops = append(ch.ops, chainOp{name: name, c: c, inB: inB, out: out})
+	at := len(ch.inB)
+	ch.inB = append(ch.inB, inB...)
+	ch.ops = append(ch.ops, chainOp{name: name, c: c, inB: ch.inB[at:len(ch.inB):len(ch.inB)], out: out})
 	if len(ch.ops) == maxChain {
 		b.flushChain()
 	}
@@ -206,7 +210,8 @@ func (b *Backend) flushChain() {
 	defer func() {
 		clear(ch.ops)
 		clear(ch.leaves)
-		b.spare = chain{ops: ch.ops[:0], leaves: ch.leaves[:0], leafM: ch.leafM[:0], key: ch.key[:0]}
+		clear(ch.inB)
+		b.spare = chain{ops: ch.ops[:0], inB: ch.inB[:0], leaves: ch.leaves[:0], leafM: ch.leafM[:0], key: ch.key[:0]}
 	}()
 	rec := b.rec
 	b.rec = nil

@@ -203,10 +203,14 @@ func metas(ts []*kernels.Tensor) []kernels.Meta {
 // tensors checks inputs and outputs against their metas and returns
 // their buffers.
 func (b *Backend) tensors(name string, in, out []*kernels.Tensor, want []kernels.Meta) (inB, outB []*buffer, err error) {
+	return b.tensorsInto(nil, nil, name, in, out, want)
+}
+
+// tensorsInto is tensors appending to inB and outB.
+func (b *Backend) tensorsInto(inB, outB []*buffer, name string, in, out []*kernels.Tensor, want []kernels.Meta) ([]*buffer, []*buffer, error) {
 	if len(out) != len(want) {
 		return nil, nil, fmt.Errorf("%w: %s has %d outputs, got %d", kernels.ErrArity, name, len(want), len(out))
 	}
-	inB, outB = make([]*buffer, 0, len(in)), make([]*buffer, 0, len(out))
 	for i, t := range in {
 		d, err := b.own(t.Buf, t.Bytes())
 		if err != nil {
@@ -386,7 +390,10 @@ func (b *Backend) execPlanned(op *kernels.Op, in, out []*kernels.Tensor) error {
 		c = &planned{want: want, p: p, fns: fns}
 		b.keepPlan(key, c)
 	}
-	inB, outB, err := b.tensors(op.Name, in, out, c.want)
+	// The buffers in arrays of the caller's frame: the chain copies what
+	// it keeps, so an op costs no allocation here.
+	var inA, outA [4]*buffer
+	inB, outB, err := b.tensorsInto(inA[:0], outA[:0], op.Name, in, out, c.want)
 	if err != nil {
 		return err
 	}
