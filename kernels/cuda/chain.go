@@ -37,9 +37,8 @@ type chainOp struct {
 // chain reads from memory, with their metas. key names the chain's form:
 // each op's plan key and where its arguments come from.
 type chain struct {
-	ops []chainOp
-	inB []*buffer // the ops' inputs: each op's inB is a slice of it
-
+	ops    []chainOp
+	inB    []*buffer // the ops' inputs: each op's inB is a slice of it
 	leaves []*buffer
 	leafM  []kernels.Meta
 	key    []byte
