@@ -6,7 +6,9 @@
 // A worker validates an op with Infer, allocates the outputs it names and
 // hands the op to a Backend's Exec. Backends may offer more through optional
 // interfaces found by type assertion; a backend that cannot do something
-// returns ErrNotImplemented and the caller falls back.
+// returns ErrNotImplemented and the caller falls back. One of them records
+// the device work of a run of ops as a Program, run again on other inputs
+// (Record, RecordInput, EndRecord; the worker's replays of a graph).
 //
 // Every op's result is a function of its inputs and the op alone: random ops
 // draw from Random, keyed by (seed, key, element index), never from hidden

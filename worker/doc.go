@@ -56,7 +56,10 @@
 // place (the CPU's elementwise ops and optimizer steps), an output takes
 // the buffer of an input of its dtype and shape that the frame or replay
 // frees right after the op (donate.go), so an optimizer step updates its
-// parameter and moments where they are.
+// parameter and moments where they are. On a backend that records device
+// work (kernels.Program: the CPU and CUDA backends), a session's replays
+// of a graph run from the third on as the program recorded at the second
+// (program.go): the same bits, with nothing checked or allocated op by op.
 //
 // Checkpoints are written beside the device loop (checkpoint.go): the loop
 // takes a snapshot of references and goes on; a goroutine writes it,

@@ -32,30 +32,9 @@ const opReplay = "replay"
 // ops sent one by one, which is what makes its results, errors and random
 // draws theirs.
 //
-// What a CUDA graph of a replay would need, for a backend to offer one
-// (none does yet): a capability such as
-//
-//	type graphRunner interface {
-//		Instantiate(plan []kernels.FusedGroup, metas []kernels.Meta) (Exec, error)
-//	}
-//
-// taking the whole plan at once: every kernel of the replay (fused groups,
-// single ops, cuBLAS products) recorded on one stream by stream capture
-// and instantiated once per (graph, device). Three things stand in the
-// way today and would move into that instantiation: (1) buffers: a CUDA
-// graph bakes in device pointers, so the plan's internal tensors need
-// addresses fixed per instantiation (one arena sized by the memory plan,
-// its slots reused as tensors die) and the bound inputs and outputs must be
-// copied in and out or patched with cudaGraphExecKernelNodeSetParams on
-// each launch; (2) attributes bound to scalars and the random ops' keys
-// (session seed and output ids, which move with every replay's base) are
-// kernel arguments, patched the same way; (3) validation must run before
-// launch: shape inference already happens once per graph, but a kernel
-// that can fail on data (an index out of range) must report through a
-// device flag read after the launch, since nothing stops a graph midway,
-// and the replay then falls back to the ops one by one to name the op.
-// cuBLAS calls are capturable when their workspace is set explicitly;
-// NVRTC kernels need compiling before the capture starts.
+// On a backend that records device work (kernels.Program), a session's
+// later replays of a graph run as one recorded program instead: see
+// program.go.
 
 // maxCachedGraphs and maxCachedOps bound the validated graphs a device
 // keeps, and their ops in all (a plan of n ops holds about 2n ops).
