@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -44,20 +45,23 @@ type benchReport struct {
 	PipelinedOpsPerS float64 `json:"pipelined_ops_per_s"`
 	// ReplayOpsPerS counts the ops inside replays of a captured chain of
 	// ReplayChain adds, run like the pipelined chain.
-	ReplayOpsPerS     float64   `json:"replay_ops_per_s"`
-	ReplayChain       int       `json:"replay_chain"`
-	FrameBytes        int       `json:"frame_bytes"`
-	OpsPerFrame       int       `json:"ops_per_frame"`
-	RawPublishFramesS float64   `json:"raw_js_publish_frames_per_s"`
-	RawPublishOpsS    float64   `json:"raw_js_publish_equiv_ops_per_s"`
-	UploadMBs         float64   `json:"upload_64mib_mb_per_s"`
-	ReadMBs           float64   `json:"read_64mib_mb_per_s"`
-	XferStorage       string    `json:"xfer_storage"`
-	Device            string    `json:"device"`
-	NoFusion          bool      `json:"no_fusion,omitempty"`
-	NoPrograms        bool      `json:"no_programs,omitempty"`
-	TF32              bool      `json:"tf32,omitempty"`
-	GPU               *gpuBench `json:"gpu,omitempty"`
+	ReplayOpsPerS     float64 `json:"replay_ops_per_s"`
+	ReplayChain       int     `json:"replay_chain"`
+	FrameBytes        int     `json:"frame_bytes"`
+	OpsPerFrame       int     `json:"ops_per_frame"`
+	RawPublishFramesS float64 `json:"raw_js_publish_frames_per_s"`
+	RawPublishOpsS    float64 `json:"raw_js_publish_equiv_ops_per_s"`
+	UploadMBs         float64 `json:"upload_64mib_mb_per_s"`
+	ReadMBs           float64 `json:"read_64mib_mb_per_s"`
+	// SHA256MBs is one core's SHA-256 rate on this machine: the object
+	// store hashes every byte of an upload and a read-back at each end.
+	SHA256MBs   float64   `json:"sha256_mb_per_s,omitempty"`
+	XferStorage string    `json:"xfer_storage"`
+	Device      string    `json:"device"`
+	NoFusion    bool      `json:"no_fusion,omitempty"`
+	NoPrograms  bool      `json:"no_programs,omitempty"`
+	TF32        bool      `json:"tf32,omitempty"`
+	GPU         *gpuBench `json:"gpu,omitempty"`
 }
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -204,7 +208,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fmt.Fprintf(stdout, "pipelined ops in replays     %10.0f ops/s  (graphs of %d adds, %.2fx op by op%s)\n", rep.ReplayOpsPerS, rep.ReplayChain, rep.ReplayOpsPerS/rep.PipelinedOpsPerS, programs)
 	fmt.Fprintf(stdout, "raw JetStream async publish %10.0f frames/s of %d B = %.0f ops/s\n", rep.RawPublishFramesS, rep.FrameBytes, rep.RawPublishOpsS)
 	if *upload > 0 {
-		fmt.Fprintf(stdout, "%d MiB upload %.0f MB/s, read-back %.0f MB/s (medians of %d; FABRIC_XFER on %s)\n", *upload, rep.UploadMBs, rep.ReadMBs, uploadRuns, rep.XferStorage)
+		fmt.Fprintf(stdout, "%d MiB upload %.0f MB/s, read-back %.0f MB/s (medians of %d; FABRIC_XFER on %s; SHA-256 on one core %.0f MB/s)\n", *upload, rep.UploadMBs, rep.ReadMBs, uploadRuns, rep.XferStorage, rep.SHA256MBs)
 	}
 	if g := rep.GPU; g != nil {
 		fused := "fused"
@@ -642,6 +646,9 @@ func benchRun(ctx context.Context, url, device string, rounds, nops, uploadMiB i
 			t.Free()
 		}
 		rep.UploadMBs, rep.ReadMBs = median(up), median(back)
+		t0 := time.Now()
+		sha256.Sum256(data)
+		rep.SHA256MBs = float64(len(data)) / 1e6 / time.Since(t0).Seconds()
 	}
 	return nil
 }
