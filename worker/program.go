@@ -10,13 +10,13 @@ import (
 	"github.com/jetfabric/jetfabric/kernels"
 )
 
-// Programs: on a backend that can record device work (the CUDA backend,
-// see kernels/cuda/program.go), a session's replay of a graph is recorded
-// at its second run with the same scalars and run as one program from its
-// third on: the inputs copied into the program's slots, one launch of the
-// recorded work (a CUDA graph), the outputs copied into fresh tensors.
-// Nothing is checked, planned or allocated op by op, which is what a
-// replay of small ops spends its time on.
+// Programs: on a backend that can record device work (kernels.Program:
+// the CPU and CUDA backends), a session's replay of a graph is recorded at
+// its second run with the same scalars and run as one program from its
+// third on: the inputs copied into the program's slots, the recorded work
+// (on a GPU one launch of a CUDA graph), the outputs copied into fresh
+// tensors. Nothing is checked, planned or allocated op by op, which is
+// what a replay of small ops spends its time on.
 //
 // A program gives the bits of the same ops sent one by one: its kernels
 // are the ones the recorded replay ran, through the same paths, on copies
@@ -25,7 +25,10 @@ import (
 // ops that check their data on the host (index checks), a replay that
 // failed. A replay that could end differently from one by one runs op by
 // op: an input that failed or is bound twice, an internal id already
-// taken, an output the session's limits refuse. Programs belong to their
+// taken, a replay that would pass the session's limit or its tenant's
+// quota at some point op by op (a program measures that peak as it is
+// recorded); on the CPU, a program whose run fails on the data (an index
+// out of range), which has then written none of the session's tensors. Programs belong to their
 // session, at most maxSessionPrograms of at most maxProgramBytes each,
 // and go with it; their memory counts against the device's budget, not
 // the session's.
@@ -52,6 +55,15 @@ const (
 	notRecordable = -1
 )
 
+// sessionProgram is a session's program and the most bytes its replay
+// added to the session's at any point op by op, which a run checks
+// against the session's limit and the tenant's quota first: a replay
+// that would fail there runs op by op and fails as it would.
+type sessionProgram struct {
+	prog kernels.Program
+	peak int64
+}
+
 // programKey names a replay's program: its graph and its scalars' bits.
 func programKey(tenant string, p *graphPlan, op *codec.Op) string {
 	k := make([]byte, 0, len(tenant)+1+len(p.name)+8*len(op.Scalars))
@@ -70,8 +82,8 @@ func programKey(tenant string, p *graphPlan, op *codec.Op) string {
 func (x *exec) replayProgram(r recorder, p *graphPlan, op *codec.Op, ids []uint64, i int, run *graphRun) bool {
 	s := x.s
 	key := programKey(s.tenant, p, op)
-	if prog := s.programs[key]; prog != nil {
-		return x.runProgram(prog, p, op)
+	if sp, ok := s.programs[key]; ok {
+		return x.runProgram(sp, p, op)
 	}
 	switch n := s.seen[key]; {
 	case n == notRecordable:
@@ -116,13 +128,15 @@ func (x *exec) programInputs(p *graphPlan, op *codec.Op) ([]*kernels.Tensor, boo
 }
 
 // programOutputs allocates the tensors a program's outputs are copied
-// into, charged to the session as the replay's outputs would be.
-func (x *exec) programOutputs(p *graphPlan) ([]*kernels.Tensor, bool) {
+// into, with alloc.
+func programOutputs(p *graphPlan, alloc func(kernels.Meta) (*kernels.Tensor, error), free func(*kernels.Tensor)) ([]*kernels.Tensor, bool) {
 	out := make([]*kernels.Tensor, len(p.outMetas))
 	for j, m := range p.outMetas {
-		t, err := x.alloc(m)
+		t, err := alloc(m)
 		if err != nil {
-			x.release(out[:j])
+			for _, t := range out[:j] {
+				free(t)
+			}
 			return nil, false // op by op, the replay fails where it would
 		}
 		out[j] = t
@@ -130,17 +144,34 @@ func (x *exec) programOutputs(p *graphPlan) ([]*kernels.Tensor, bool) {
 	return out, true
 }
 
+// fits reports whether the session's limit and its tenant's quota leave
+// room for peak more bytes.
+func (x *exec) fits(peak int64) bool {
+	if x.s.bytes+peak > x.d.w.cfg.Limits.MaxSessionBytes {
+		return false
+	}
+	if st := x.s.st; st != nil {
+		if rec := st.rec.Load(); rec != nil && rec.Bytes > 0 && st.held.Load()+peak > rec.Bytes {
+			return false
+		}
+	}
+	return true
+}
+
 // runProgram runs a replay as the session's program.
-func (x *exec) runProgram(prog kernels.Program, p *graphPlan, op *codec.Op) bool {
+func (x *exec) runProgram(sp sessionProgram, p *graphPlan, op *codec.Op) bool {
+	if !x.fits(sp.peak) {
+		return false
+	}
 	in, ok := x.programInputs(p, op)
 	if !ok {
 		return false
 	}
-	out, ok := x.programOutputs(p)
+	out, ok := programOutputs(p, x.alloc, func(t *kernels.Tensor) { x.release([]*kernels.Tensor{t}) })
 	if !ok {
 		return false
 	}
-	if err := prog.Run(buffers(in), buffers(out)); err != nil {
+	if err := sp.prog.Run(buffers(in), buffers(out)); err != nil {
 		x.release(out)
 		return false
 	}
@@ -174,14 +205,18 @@ func (x *exec) recordProgram(r recorder, p *graphPlan, op *codec.Op, ids []uint6
 		return false
 	}
 	// The outputs' tensors come before the recording, which would own
-	// them otherwise; the slots are not charged to the session, so that
-	// its limit sees what the ops one by one would hold.
-	out, ok := x.programOutputs(p)
+	// them otherwise. Neither they nor the slots are charged to the
+	// session while the ops run, so that its limit sees what the ops one
+	// by one hold; the outputs take the place of the results after.
+	freeDev := func(t *kernels.Tensor) { x.d.freeBuf(t.Buf) }
+	out, ok := programOutputs(p, x.deviceAlloc, freeDev)
 	if !ok {
 		return false
 	}
 	if err := r.Record(); err != nil {
-		x.release(out)
+		for _, t := range out {
+			freeDev(t)
+		}
 		return false
 	}
 	slots := make([]*kernels.Tensor, len(in))
@@ -197,7 +232,9 @@ func (x *exec) recordProgram(r recorder, p *graphPlan, op *codec.Op, ids []uint6
 				x.d.freeBuf(s.Buf)
 			}
 			r.AbortRecord()
-			x.release(out)
+			for _, t := range out {
+				freeDev(t)
+			}
 			return false
 		}
 		slots[j] = slot
@@ -207,8 +244,10 @@ func (x *exec) recordProgram(r recorder, p *graphPlan, op *codec.Op, ids []uint6
 		saved[j], _ = x.s.tensors.get(id)
 		x.s.tensors.set(id, entry{t: slots[j]})
 	}
-	pending := len(x.s.pending)
+	pending, start := len(x.s.pending), x.s.bytes
+	x.s.high = start
 	x.replayOps(p, op, ids, i, run)
+	peak := x.s.high - start
 	failed := len(x.s.pending) != pending
 	results := make([]*kernels.Tensor, len(p.outputs))
 	for j, off := range p.outputs {
@@ -234,10 +273,9 @@ func (x *exec) recordProgram(r recorder, p *graphPlan, op *codec.Op, ids []uint6
 	}
 	forget := func() {
 		r.AbortRecord()
-		for _, t := range held {
-			x.d.freeBuf(t.Buf)
+		for _, t := range append(held, out...) {
+			freeDev(t)
 		}
-		x.release(out)
 	}
 	if failed {
 		forget()
@@ -252,21 +290,21 @@ func (x *exec) recordProgram(r recorder, p *graphPlan, op *codec.Op, ids []uint6
 		} // else recorded again at the next replay
 		return true
 	}
-	// The program owns the results and the slots now: the session stops
-	// counting the results, which the fresh outputs replace, and the
-	// device counts the program's memory instead of theirs.
+	// The program owns the results and the slots now: the fresh outputs
+	// take the results' place in the session (and their bytes, the
+	// same), and the device counts the program's memory instead of the
+	// results' and the slots'.
 	var moved int64
-	for _, t := range results {
-		moved += int64(t.Buf.Bytes())
-	}
-	x.s.addBytes(-moved)
-	for _, t := range held {
+	for _, t := range append(results, held...) {
 		moved += int64(t.Buf.Bytes())
 	}
 	x.d.mem.held.Add(prog.Bytes() - moved)
 	if err := prog.CopyOutputs(buffers(out)); err != nil {
 		// Only a closed backend refuses; its tensors are gone with it.
-		x.release(out)
+		for j, t := range out {
+			x.s.addBytes(-int64(results[j].Buf.Bytes()))
+			freeDev(t)
+		}
 		for _, off := range p.outputs {
 			x.s.tensors.set(op.Base+off, entry{fail: &codec.Error{Seq: x.seq, Index: i, Op: op.Op, Code: codec.CodeInternal, Message: err.Error()}})
 		}
@@ -282,9 +320,9 @@ func (x *exec) recordProgram(r recorder, p *graphPlan, op *codec.Op, ids []uint6
 		return true
 	}
 	if x.s.programs == nil {
-		x.s.programs = map[string]kernels.Program{}
+		x.s.programs = map[string]sessionProgram{}
 	}
-	x.s.programs[key] = prog
+	x.s.programs[key] = sessionProgram{prog: prog, peak: peak}
 	delete(x.s.seen, key)
 	x.d.m.programs.Add(1)
 	x.d.m.programBytes.Add(prog.Bytes())
@@ -315,7 +353,8 @@ func (x *exec) dropProgram(prog kernels.Program) {
 
 // dropPrograms releases the session's programs.
 func (s *session) dropPrograms(d *device) {
-	for _, prog := range s.programs {
+	for _, sp := range s.programs {
+		prog := sp.prog
 		prog.Release()
 		d.mem.held.Add(-prog.Bytes())
 		d.m.programs.Add(-1)

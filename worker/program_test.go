@@ -244,3 +244,64 @@ func TestPrograms(t *testing.T) {
 	t.Cleanup(func() { c.Close() })
 	checkPrograms(t, w, c, "cpu-0", true)
 }
+
+// TestProgramLimit: a program runs only where the replay op by op would
+// stay within the session's limit all along; over it, the replay runs op
+// by op and fails as it would, though the program's outputs alone would
+// fit.
+func TestProgramLimit(t *testing.T) {
+	b := brokertest.Run(t)
+	w := startWorker(t, b, func(c *worker.Config) { c.Limits.MaxSessionBytes = 2000 })
+	c, err := client.Connect(b.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	ctx := context.Background()
+	// Three products (which nothing fuses): two 400-byte tensors alive at
+	// once on top of the input, op by op.
+	g := c.NewGraph()
+	gx := g.Input("f32", []int{10, 10})
+	y := gx.Matmul(gx)
+	def, err := g.Define(ctx, y.Matmul(y).Matmul(gx))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := open(t, c, "cpu-0")
+	x := s.FromFloat32([]int{10, 10}, make([]float32, 100))
+	replay := func() error {
+		out := s.Replay(def, []*client.Tensor{x})[0]
+		_, err := out.Read(ctx)
+		out.Free()
+		return err
+	}
+	runs := func() float64 { return metric(t, w, "jetfabric_device_program_replays_total", "cpu-0") }
+	for range 3 {
+		if err := replay(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if runs() != 1 {
+		t.Fatalf("%v replays ran as programs, want 1", runs())
+	}
+	// 400 (x) + 800 (filler) + 800 (the replay's peak) = 2000: fits.
+	filler := s.FromFloat32([]int{200}, make([]float32, 200))
+	if err := replay(); err != nil {
+		t.Fatalf("replay at the limit: %v", err)
+	}
+	if runs() != 2 {
+		t.Fatalf("the replay at the limit did not run as a program")
+	}
+	filler.Free()
+	// 400 + 1000 + 800 > 2000 op by op, though 400 + 1000 + 400 for the
+	// output alone would fit.
+	s.FromFloat32([]int{250}, make([]float32, 250))
+	err = replay()
+	var e *codec.Error
+	if !errors.As(err, &e) || e.Code != codec.CodeLimit && e.Code != codec.CodeFailedID {
+		t.Fatalf("replay over the limit op by op: %v, want its limit error", err)
+	}
+	if runs() != 2 {
+		t.Errorf("the replay over the limit ran as a program")
+	}
+}

@@ -43,8 +43,11 @@ type session struct {
 	// programs are the session's replays recorded as device programs, by
 	// programKey; seen counts the replays of keys not recorded yet, or
 	// marks them notRecordable (see program.go).
-	programs map[string]kernels.Program
+	programs map[string]sessionProgram
 	seen     map[string]int
+	// high is the most bytes the session held since it was last set (a
+	// program's recording measures its replay's peak with it).
+	high int64
 }
 
 // heldFrame is a frame waiting for the frames numbered before it.
@@ -60,6 +63,7 @@ func newSession(id string) *session {
 // addBytes changes the bytes the session holds, and its tenant's.
 func (s *session) addBytes(n int64) {
 	s.bytes += n
+	s.high = max(s.high, s.bytes)
 	if s.st != nil {
 		s.st.held.Add(n)
 	}
