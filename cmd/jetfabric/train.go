@@ -40,6 +40,7 @@ type trainFlags struct {
 	noGraph   bool
 	noSplit   bool
 	noChains  bool
+	noProgs   bool
 }
 
 // defaultLR is each model's learning rate when -lr is not given: with the
@@ -80,6 +81,7 @@ func (f *trainFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.check, "check-every", 20, "read the loss every this many steps, to report progress and catch a NaN")
 	fs.BoolVar(&f.noGraph, "no-graph", false, "send every step op by op instead of replaying it as a captured graph")
 	fs.BoolVar(&f.noSplit, "no-split", false, "data-parallel: replay each rank's forward and backward whole and sum all the gradients after it, instead of in two parts, the first half of the gradients (the last layers') summed while the rest of the backward runs")
+	fs.BoolVar(&f.noProgs, "no-programs", false, "without -url: replay every step op by op, never as a recorded program (the same bits either way)")
 	fs.BoolVar(&f.noChains, "no-gpu-chains", false, "without -url: launch each elementwise op on a GPU by itself, not a run of them as one kernel (the same bits either way)")
 }
 
@@ -185,7 +187,7 @@ func (f *trainFlags) embedded(ctx context.Context, stderr io.Writer) (*fabric, f
 		return nil, nil, fmt.Errorf("%w: -devices %s: no NVIDIA GPU found (a static build has no GPU support; build with cgo, or train on cpu-0)", errFlag, strings.Join(f.devices, ","))
 	}
 	bf := brokerFlags{listen: "127.0.0.1:-1", store: dir, name: "jetfabric", maxPayload: 8 << 20, replicas: 1, xferStorage: "memory"}
-	wf := workerFlags{cpus: cpus, idle: 10 * time.Minute, gpus: gpus, noChains: f.noChains}
+	wf := workerFlags{cpus: cpus, idle: 10 * time.Minute, gpus: gpus, noChains: f.noChains, noPrograms: f.noProgs}
 	fab, err := startFabric(ctx, bf, wf, stderr)
 	if err != nil {
 		os.RemoveAll(dir)
