@@ -5,14 +5,13 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
-	"strconv"
-	"strings"
 	"testing"
 
 	"github.com/jetfabric/jetfabric/broker/brokertest"
 	"github.com/jetfabric/jetfabric/client"
 	"github.com/jetfabric/jetfabric/codec"
 	"github.com/jetfabric/jetfabric/worker"
+	"github.com/jetfabric/jetfabric/worker/workertest"
 )
 
 // open opens a session on device, closed at the end of the test.
@@ -29,22 +28,7 @@ func open(t testing.TB, c *client.Client, device string) *client.Session {
 // metric is the sample of name for device on w.
 func metric(t testing.TB, w *worker.Worker, name, device string) float64 {
 	t.Helper()
-	var b strings.Builder
-	if err := w.WriteMetrics(&b); err != nil {
-		t.Fatal(err)
-	}
-	prefix := name + `{device="` + device + `"} `
-	for line := range strings.Lines(b.String()) {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), prefix); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return f
-		}
-	}
-	t.Fatalf("no %s in the metrics", prefix)
-	return 0
+	return workertest.Metric(t, w, name, device)
 }
 
 // programStep is the graph the program tests replay: a matmul, elementwise

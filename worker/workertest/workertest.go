@@ -85,11 +85,17 @@ func runOn(t testing.TB, nc *nats.Conn, devices []worker.Device, edit ...func(*w
 // (jetfabric_device_tensor_bytes).
 func TensorBytes(t testing.TB, w *worker.Worker, device string) float64 {
 	t.Helper()
+	return Metric(t, w, "jetfabric_device_tensor_bytes", device)
+}
+
+// Metric is the sample of the device metric name for device on w.
+func Metric(t testing.TB, w *worker.Worker, name, device string) float64 {
+	t.Helper()
 	var b strings.Builder
 	if err := w.WriteMetrics(&b); err != nil {
 		t.Fatal(err)
 	}
-	prefix := `jetfabric_device_tensor_bytes{device="` + device + `"} `
+	prefix := name + `{device="` + device + `"} `
 	for line := range strings.Lines(b.String()) {
 		if v, ok := strings.CutPrefix(strings.TrimSpace(line), prefix); ok {
 			f, err := strconv.ParseFloat(v, 64)
