@@ -308,14 +308,14 @@ func (x *exec) recordProgram(r recorder, p *graphPlan, op *codec.Op, ids []uint6
 		for _, off := range p.outputs {
 			x.s.tensors.set(op.Base+off, entry{fail: &codec.Error{Seq: x.seq, Index: i, Op: op.Op, Code: codec.CodeInternal, Message: err.Error()}})
 		}
-		x.dropProgram(prog)
+		x.d.dropProgram(prog)
 		return true
 	}
 	for j, off := range p.outputs {
 		x.s.tensors.set(op.Base+off, entry{t: out[j]})
 	}
 	if prog.Bytes() > maxProgramBytes {
-		x.dropProgram(prog)
+		x.d.dropProgram(prog)
 		x.s.seen[key] = notRecordable
 		return true
 	}
@@ -345,20 +345,18 @@ func (x *exec) deviceAlloc(m kernels.Meta) (*kernels.Tensor, error) {
 	return &kernels.Tensor{Meta: m, Buf: buf}, nil
 }
 
-// dropProgram releases a program no session holds.
-func (x *exec) dropProgram(prog kernels.Program) {
+// dropProgram releases prog and the device memory it was counted for.
+func (d *device) dropProgram(prog kernels.Program) {
 	prog.Release()
-	x.d.mem.held.Add(-prog.Bytes())
+	d.mem.held.Add(-prog.Bytes())
 }
 
 // dropPrograms releases the session's programs.
 func (s *session) dropPrograms(d *device) {
 	for _, sp := range s.programs {
-		prog := sp.prog
-		prog.Release()
-		d.mem.held.Add(-prog.Bytes())
+		d.dropProgram(sp.prog)
 		d.m.programs.Add(-1)
-		d.m.programBytes.Add(-prog.Bytes())
+		d.m.programBytes.Add(-sp.prog.Bytes())
 	}
 	s.programs, s.seen = nil, nil
 }

@@ -75,7 +75,6 @@ type Program struct {
 	released bool
 
 	// Device thread only.
-	runs    int
 	graph   cuGraph
 	exec    cuGraphExec
 	noGraph bool
@@ -336,7 +335,6 @@ func (p *Program) sized(l []kernels.Buffer, slots []*buffer) ([]*buffer, error) 
 // it has one, captured at the first run after the recording. Device
 // thread only.
 func (p *Program) runBody() error {
-	p.runs++
 	if p.exec == nil && !p.noGraph {
 		if err := p.capture(); err != nil {
 			p.noGraph = true
