@@ -55,8 +55,11 @@ type Backend interface {
 // allocated one by one: a backend's optional capability (the CUDA
 // backend's, for a worker's replays of a captured graph).
 type Program interface {
-	// Run queues the program: in copied into its inputs, its work, its
-	// outputs copied into out. Buffers have the sizes of the recording's.
+	// Run queues the program: in bound to its inputs, its work, its
+	// outputs put into out. Buffers have the sizes of the recording's. An
+	// input may be read in place, never written; an output's buffer may
+	// come back holding other memory of its size, the caller's given to
+	// the program for its next run.
 	Run(in, out []Buffer) error
 	// CopyOutputs queues copies of the outputs of the last run, or of the
 	// recording, into out.

@@ -282,6 +282,12 @@ func (x *exec) recordProgram(r recorder, p *graphPlan, op *codec.Op, ids []uint6
 		x.s.seen[key] = notRecordable
 		return true
 	}
+	// The program owns the results and the slots now (counted before
+	// EndRecord, which may free a slot it reads in place).
+	var moved int64
+	for _, t := range append(results, held...) {
+		moved += int64(t.Buf.Bytes())
+	}
 	prog, err := r.EndRecord(buffers(results), buffers(held))
 	if err != nil {
 		forget()
@@ -290,14 +296,9 @@ func (x *exec) recordProgram(r recorder, p *graphPlan, op *codec.Op, ids []uint6
 		} // else recorded again at the next replay
 		return true
 	}
-	// The program owns the results and the slots now: the fresh outputs
-	// take the results' place in the session (and their bytes, the
-	// same), and the device counts the program's memory instead of the
-	// results' and the slots'.
-	var moved int64
-	for _, t := range append(results, held...) {
-		moved += int64(t.Buf.Bytes())
-	}
+	// The fresh outputs take the results' place in the session (and their
+	// bytes, the same), and the device counts the program's memory
+	// instead of the results' and the slots'.
 	x.d.mem.held.Add(prog.Bytes() - moved)
 	if err := prog.CopyOutputs(buffers(out)); err != nil {
 		// Only a closed backend refuses; its tensors are gone with it.

@@ -477,7 +477,7 @@ func (b *Backend) ExecRelu(op *kernels.Op, in, out []*kernels.Tensor) error {
 	err := b.execRelu(op, in, out)
 	if r := b.rec.Load(); r != nil && op != nil {
 		c, ci, co := op.Clone(), cloneTensors(in), cloneTensors(out)
-		r.note(err, op.Name+" with relu", func() error { return b.execRelu(&c, ci, co) })
+		r.note(err, op.Name+" with relu", co, func() error { return b.execRelu(&c, ci, co) })
 	}
 	return err
 }

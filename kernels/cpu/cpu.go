@@ -231,7 +231,7 @@ func (b *Backend) Exec(op *kernels.Op, in, out []*kernels.Tensor) error {
 	err := b.exec(op, in, out)
 	if r := b.rec.Load(); r != nil && op != nil {
 		c, ci, co := op.Clone(), cloneTensors(in), cloneTensors(out)
-		r.note(err, op.Name, func() error { return b.exec(&c, ci, co) })
+		r.note(err, op.Name, co, func() error { return b.exec(&c, ci, co) })
 	}
 	return err
 }

@@ -23,7 +23,7 @@ func (b *Backend) ExecFused(g *kernels.FusedGroup, in, out []*kernels.Tensor) er
 	err := b.execFused(g, in, out)
 	if r := b.rec.Load(); r != nil && g != nil {
 		c, ci, co := g.Clone(), cloneTensors(in), cloneTensors(out)
-		r.note(err, "fused group", func() error { return b.execFused(&c, ci, co) })
+		r.note(err, "fused group", co, func() error { return b.execFused(&c, ci, co) })
 	}
 	return err
 }

@@ -155,7 +155,7 @@ func (b *Backend) ExecMatmulT(op *kernels.Op, trans [2]bool, in, out []*kernels.
 	err := b.execMatmulT(op, trans, in, out)
 	if r := b.rec.Load(); r != nil && op != nil {
 		c, ci, co := op.Clone(), cloneTensors(in), cloneTensors(out)
-		r.note(err, "matmul of transposed operands", func() error { return b.execMatmulT(&c, trans, ci, co) })
+		r.note(err, "matmul of transposed operands", co, func() error { return b.execMatmulT(&c, trans, ci, co) })
 	}
 	return err
 }

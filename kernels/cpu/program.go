@@ -20,9 +20,15 @@ import (
 // ExecMatmulT record each call that succeeds, with copies of its op and
 // tensors. RecordInput copies an input into a slot of the recording;
 // EndRecord makes the calls a program whose inputs are the slots. Run
-// copies its inputs in, makes the calls and copies its outputs out; a
-// call that fails on the data (an index out of range) fails Run, which
-// has then written only the program's own buffers.
+// binds its inputs, makes the calls and hands its outputs over; a call
+// that fails on the data (an index out of range) fails Run, which has then
+// written only the program's own buffers.
+//
+// Nothing is copied that need not be: a slot that no call writes and that
+// is no output reads the caller's input in place during a run (its own
+// memory is freed at EndRecord), and an output that is not an input slot
+// is handed over by exchanging memory with the caller's buffer of the same
+// size, which the next run writes.
 //
 // A call that failed (other than one the caller may fall back from,
 // kernels.ErrNotImplemented) or an upload into a buffer of the recording
@@ -33,12 +39,13 @@ var _ kernels.Program = (*Program)(nil)
 // recording is the program being recorded; its methods are safe for
 // concurrent use (a collective beside the caller may allocate).
 type recording struct {
-	mu     sync.Mutex
-	calls  []func() error
-	blocks map[*Buffer]bool
-	pool   []*Buffer
-	inputs []*Buffer
-	bad    string
+	mu      sync.Mutex
+	calls   []func() error
+	written map[*Buffer]bool // the buffers the calls write
+	blocks  map[*Buffer]bool
+	pool    []*Buffer
+	inputs  []*Buffer
+	bad     string
 }
 
 // take returns a buffer of n bytes that the recording freed, if any.
@@ -71,14 +78,19 @@ func (r *recording) keep(buf *Buffer) bool {
 	return true
 }
 
-// note records call, which ran with err, or why the recording cannot be a
-// program.
-func (r *recording) note(err error, name string, call func() error) {
+// note records call, which ran with err and writes out, or why the
+// recording cannot be a program.
+func (r *recording) note(err error, name string, out []*kernels.Tensor, call func() error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	switch {
 	case err == nil:
 		r.calls = append(r.calls, call)
+		for _, t := range out {
+			if buf, ok := t.Buf.(*Buffer); ok {
+				r.written[buf] = true
+			}
+		}
 	case !errors.Is(err, kernels.ErrNotImplemented) && r.bad == "":
 		r.bad = name + " failed"
 	}
@@ -111,10 +123,15 @@ func cloneTensors(ts []*kernels.Tensor) []*kernels.Tensor {
 
 // Program is recorded calls (see Record).
 type Program struct {
-	b        *Backend
-	calls    []func() error
-	inputs   []*Buffer
-	outputs  []*Buffer
+	b       *Backend
+	calls   []func() error
+	inputs  []*Buffer
+	outputs []*Buffer
+	// inPlace marks the inputs read in place (their slots hold no memory
+	// between runs); handOver the outputs exchanged with the caller's.
+	inPlace  []bool
+	handOver []bool
+	inSize   []int
 	arena    []*Buffer
 	bytes    int64
 	released bool
@@ -122,7 +139,7 @@ type Program struct {
 
 // Record starts recording the calls made from now on (see Program).
 func (b *Backend) Record() error {
-	r := &recording{blocks: map[*Buffer]bool{}}
+	r := &recording{blocks: map[*Buffer]bool{}, written: map[*Buffer]bool{}}
 	if !b.rec.CompareAndSwap(nil, r) {
 		return fmt.Errorf("%w: cpu: a recording is already in progress", kernels.ErrAttr)
 	}
@@ -143,6 +160,12 @@ func (b *Backend) RecordInput(slot, src kernels.Buffer) error {
 		return fmt.Errorf("cpu: record input: %w", err)
 	case !ok || s == nil || s.data == nil || !r.owns(s) || len(s.data) != len(d):
 		return fmt.Errorf("%w: cpu: an input slot is a buffer of the input's size (%d bytes) allocated since Record", kernels.ErrAttr, len(d))
+	}
+	r.mu.Lock()
+	twice := slices.Contains(r.inputs, s)
+	r.mu.Unlock()
+	if twice {
+		return fmt.Errorf("%w: cpu: record input: the slot is an input already", kernels.ErrAttr)
 	}
 	copy(s.data, d)
 	r.mu.Lock()
@@ -189,6 +212,20 @@ func (b *Backend) EndRecord(outs, held []kernels.Buffer) (kernels.Program, error
 	if len(r.pool)+len(kept) != len(r.blocks) {
 		return fail(fmt.Errorf("%w: cpu: end record: %d buffers allocated since Record, %d freed and %d listed", kernels.ErrAttr, len(r.blocks), len(r.pool), len(kept)))
 	}
+	slots := map[*Buffer]bool{}
+	for _, in := range p.inputs {
+		slots[in] = true
+		p.inPlace = append(p.inPlace, !r.written[in] && !slices.Contains(p.outputs, in))
+		p.inSize = append(p.inSize, len(in.data))
+	}
+	for _, out := range p.outputs {
+		p.handOver = append(p.handOver, !slots[out])
+	}
+	for k, in := range p.inputs {
+		if p.inPlace[k] {
+			b.Free(in) // not the recording's any more: its memory goes back
+		}
+	}
 	for buf := range r.blocks {
 		p.arena = append(p.arena, buf)
 		p.bytes += int64(len(buf.data))
@@ -211,9 +248,10 @@ func (b *Backend) AbortRecord() {
 // Bytes is the memory the program holds.
 func (p *Program) Bytes() int64 { return p.bytes }
 
-// Run copies in into the program's inputs, makes its calls and copies its
-// outputs into out. A call that fails (on the data: an index out of
-// range) fails Run, having written none of out.
+// Run binds in to the program's inputs, makes its calls and puts its
+// outputs into out: the buffers of out may come back holding other memory
+// of the same size (see Program). A call that fails (on the data: an
+// index out of range) fails Run, having written none of in and out.
 func (p *Program) Run(in, out []kernels.Buffer) error {
 	if p.released {
 		return fmt.Errorf("%w: cpu: program released", kernels.ErrAttr)
@@ -227,8 +265,8 @@ func (p *Program) Run(in, out []kernels.Buffer) error {
 		if err != nil {
 			return fmt.Errorf("cpu: program input %d: %w", k, err)
 		}
-		if len(d) != len(p.inputs[k].data) {
-			return fmt.Errorf("%w: cpu: program input %d has %d bytes, the program's %d", kernels.ErrShape, k, len(d), len(p.inputs[k].data))
+		if len(d) != p.inSize[k] {
+			return fmt.Errorf("%w: cpu: program input %d has %d bytes, the program's %d", kernels.ErrShape, k, len(d), p.inSize[k])
 		}
 		src[k] = d
 	}
@@ -236,14 +274,33 @@ func (p *Program) Run(in, out []kernels.Buffer) error {
 		return err
 	}
 	for k, d := range src {
-		copy(p.inputs[k].data, d)
+		if p.inPlace[k] {
+			p.inputs[k].data = d
+		} else {
+			copy(p.inputs[k].data, d)
+		}
 	}
+	defer func() {
+		for k, in := range p.inputs {
+			if p.inPlace[k] {
+				in.data = nil
+			}
+		}
+	}()
 	for _, call := range p.calls {
 		if err := call(); err != nil {
 			return err
 		}
 	}
-	return p.CopyOutputs(out)
+	for k, buf := range out {
+		o, mine := buf.(*Buffer), p.outputs[k]
+		if p.handOver[k] {
+			o.data, o.words, mine.data, mine.words = mine.data, mine.words, o.data, o.words
+		} else {
+			copy(o.data, mine.data)
+		}
+	}
+	return nil
 }
 
 func (p *Program) checkOut(out []kernels.Buffer) error {

@@ -175,3 +175,111 @@ func TestProgramRefused(t *testing.T) {
 	b.Free(z.Buf)
 	b.AbortRecord()
 }
+
+// TestProgramInPlace: an input no call writes is read in place and its
+// slot's memory goes back at EndRecord; an input written over (an op whose
+// output shares its buffer) is copied, so the caller's stays as it was,
+// also when a run fails; outputs handed over keep their values through
+// later runs.
+func TestProgramInPlace(t *testing.T) {
+	b := New()
+	f32 := kernels.Float32
+	shape := []int{4}
+	a0 := progTensor(t, b, f32, shape, []float64{1, 2, 3, 4})
+	c0 := progTensor(t, b, f32, shape, []float64{1, 1, 1, 1})
+	i0 := progTensor(t, b, kernels.Int64, []int{2}, []float64{0, 1})
+	if err := b.Record(); err != nil {
+		t.Fatal(err)
+	}
+	var slots []*kernels.Tensor
+	for _, x := range []*kernels.Tensor{a0, c0, i0} {
+		s := progTensor(t, b, x.DType, x.Shape, nil)
+		if err := b.RecordInput(s.Buf, x.Buf); err != nil {
+			t.Fatal(err)
+		}
+		slots = append(slots, s)
+	}
+	if err := b.RecordInput(slots[0].Buf, a0.Buf); err == nil {
+		t.Error("a slot recorded twice as an input: no error")
+	}
+	a, c, idx := slots[0], slots[1], slots[2]
+	y := progTensor(t, b, f32, shape, nil)
+	g := progTensor(t, b, f32, []int{2}, nil)
+	for _, call := range []struct {
+		op  string
+		in  []*kernels.Tensor
+		out *kernels.Tensor
+	}{
+		{kernels.OpNeg, []*kernels.Tensor{a}, y},
+		{kernels.OpAdd, []*kernels.Tensor{c, a}, c}, // c written over
+		{kernels.OpIndexSelect, []*kernels.Tensor{y, idx}, g},
+	} {
+		if err := b.Exec(&kernels.Op{Name: call.op}, call.in, []*kernels.Tensor{call.out}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p, err := b.EndRecord([]kernels.Buffer{y.Buf, c.Buf, g.Buf}, []kernels.Buffer{a.Buf, idx.Buf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prog := p.(*Program)
+	if !slices.Equal(prog.inPlace, []bool{true, false, true}) || !slices.Equal(prog.handOver, []bool{true, false, true}) {
+		t.Fatalf("in place %v, handed over %v; want [true false true], [true false true]", prog.inPlace, prog.handOver)
+	}
+	if got := p.Bytes(); got != 16+16+8 { // c, y and g; not a and idx, read in place
+		t.Errorf("the program holds %d bytes, want 40", got)
+	}
+	if a.Buf.(*Buffer).data != nil {
+		t.Error("a slot read in place still holds memory")
+	}
+	outs := func() []*kernels.Tensor {
+		return []*kernels.Tensor{progTensor(t, b, f32, shape, nil), progTensor(t, b, f32, shape, nil), progTensor(t, b, f32, []int{2}, nil)}
+	}
+	run := func(av, cv []float64, iv []float64) ([]*kernels.Tensor, []*kernels.Tensor, error) {
+		in := []*kernels.Tensor{progTensor(t, b, f32, shape, av), progTensor(t, b, f32, shape, cv), progTensor(t, b, kernels.Int64, []int{2}, iv)}
+		out := outs()
+		return in, out, p.Run(buffers(in), buffers(out))
+	}
+	in1, out1, err := run([]float64{1, 2, 3, 4}, []float64{10, 20, 30, 40}, []float64{3, 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in2, out2, err := run([]float64{5, 6, 7, 8}, []float64{0, 0, 0, 0}, []float64{1, 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		x    *kernels.Tensor
+		want []float64
+	}{
+		{out1[0], []float64{-1, -2, -3, -4}}, {out1[1], []float64{11, 22, 33, 44}}, {out1[2], []float64{-4, -1}},
+		{out2[0], []float64{-5, -6, -7, -8}}, {out2[1], []float64{5, 6, 7, 8}}, {out2[2], []float64{-6, -7}},
+		{in1[0], []float64{1, 2, 3, 4}}, {in1[1], []float64{10, 20, 30, 40}},
+		{in2[0], []float64{5, 6, 7, 8}}, {in2[1], []float64{0, 0, 0, 0}},
+	} {
+		if v := progValues(t, c.x); !slices.Equal(v, c.want) {
+			t.Errorf("got %v, want %v", v, c.want)
+		}
+	}
+	in3, out3, err := run([]float64{1, 1, 1, 1}, []float64{2, 2, 2, 2}, []float64{0, 9})
+	if !errors.Is(err, kernels.ErrIndex) {
+		t.Fatalf("run with an index out of range: %v", err)
+	}
+	if v := progValues(t, in3[1]); !slices.Equal(v, []float64{2, 2, 2, 2}) {
+		t.Errorf("a failed run wrote its input: %v", v)
+	}
+	for _, o := range out3 {
+		if v := progValues(t, o); slices.ContainsFunc(v, func(f float64) bool { return f != 0 }) {
+			t.Errorf("a failed run wrote an output: %v", v)
+		}
+	}
+	p.Release()
+}
+
+func buffers(ts []*kernels.Tensor) []kernels.Buffer {
+	b := make([]kernels.Buffer, len(ts))
+	for i, t := range ts {
+		b[i] = t.Buf
+	}
+	return b
+}
