@@ -5,15 +5,20 @@
 # one worker's 40 steps at batch 128, then four workers' 40 steps at 512
 # (the backward in two parts, the default), the ratio of their samples/s,
 # the weights' hash and the time worker cpu-0's loop stood waiting for
-# collectives. Alternating the builds round by round lets a host whose
+# collectives. With ALONE=1, each round also runs four one-worker
+# trainings at once, one on each worker (no collectives): the ratio the
+# host itself allows four workers, sharing its memory and caches. With
+# PROF=DIR, the broker and the workers write CPU profiles into DIR
+# (b-PID.prof, wN-PID.prof). Alternating the builds round by round lets a host whose
 # speed drifts weigh on each alike.
 # usage: BINS="old/jetfabric new/jetfabric" bench/dp-ab.sh [rounds]
 # Environment: DATA (the directory of the four MNIST .gz files; default:
-# the GoMNIST module in the Go module cache), LIM1 (one worker's examples,
-# default 5120: 40 steps). On fewer than 16 cores nothing is pinned.
+# the GoMNIST module in the Go module cache), BATCH (each worker's share of
+# a step, default 128), LIM1 (one worker's examples, default 40 steps). On fewer than 16 cores nothing is pinned.
 set -uo pipefail
 rounds=${1:-2}
-lim=${LIM1:-5120}
+batch=${BATCH:-128}
+lim=${LIM1:-$((40 * batch))}
 data=()
 if [ -n "${DATA:-}" ]; then data=(--data "$DATA"); fi
 echo "host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
@@ -28,22 +33,33 @@ waited() { curl -s "127.0.0.1:$1/metrics" | awk '/^jetfabric_device_collective_w
 run_build() { # binary round port
   local jf=$1 port=$3 store
   store=$(mktemp -d)
-  "${pin[@]}" "$jf" broker --store "$store" --listen 127.0.0.1:$port --http "" --xfer-storage memory >"$store/broker.log" 2>&1 &
+  JETFABRIC_CPUPROFILE=${PROF:+$PROF/b-%p.prof} "${pin[@]}" "$jf" broker --store "$store" --listen 127.0.0.1:$port --http "" --xfer-storage memory >"$store/broker.log" 2>&1 &
   local pids=($!)
   sleep 1.5
   for i in 0 1 2 3; do
-    GOMAXPROCS=3 wpin $((3 * i))-$((3 * i + 2)) "$jf" worker --url nats://127.0.0.1:$port --devices cpu-$i --gpus none --metrics 127.0.0.1:$((9190 + i)) >"$store/w$i.log" 2>&1 &
+    JETFABRIC_CPUPROFILE=${PROF:+$PROF/w$i-%p.prof} GOMAXPROCS=3 wpin $((3 * i))-$((3 * i + 2)) "$jf" worker --url nats://127.0.0.1:$port --devices cpu-$i --gpus none --metrics 127.0.0.1:$((9190 + i)) >"$store/w$i.log" 2>&1 &
     pids+=($!)
   done
   sleep 1.5
-  local one four w0 w1
-  one=$("${pin[@]}" "$jf" train "${data[@]}" --url nats://127.0.0.1:$port --model cnn --devices cpu-0 --batch 128 --epochs 1 --limit "$lim" --test-limit 500 --json --progress 0 2>"$store/t1.err" | field samples_per_s step_ms)
+  local one four w0 w1 alone=
+  one=$("${pin[@]}" "$jf" train "${data[@]}" --url nats://127.0.0.1:$port --model cnn --devices cpu-0 --batch $batch --epochs 1 --limit "$lim" --test-limit 500 --json --progress 0 2>"$store/t1.err" | field samples_per_s step_ms)
   w0=$(waited 9190)
-  four=$("${pin[@]}" "$jf" train "${data[@]}" --url nats://127.0.0.1:$port --model cnn --devices cpu-0,cpu-1,cpu-2,cpu-3 --batch 512 --epochs 1 --limit $((4 * lim)) --test-limit 500 --json --progress 0 2>"$store/t4.err" | field samples_per_s step_ms weights_sha256)
+  four=$("${pin[@]}" "$jf" train "${data[@]}" --url nats://127.0.0.1:$port --model cnn --devices cpu-0,cpu-1,cpu-2,cpu-3 --batch $((4 * batch)) --epochs 1 --limit $((4 * lim)) --test-limit 500 --json --progress 0 2>"$store/t4.err" | field samples_per_s step_ms weights_sha256)
   w1=$(waited 9190)
+  if [ "${ALONE:-}" = 1 ]; then
+    local i tps=()
+    for i in 0 1 2 3; do
+      "${pin[@]}" "$jf" train "${data[@]}" --url nats://127.0.0.1:$port --model cnn --devices cpu-$i --batch $batch --epochs 1 --limit "$lim" --test-limit 500 --json --progress 0 2>"$store/a$i.err" >"$store/a$i.json" &
+      tps+=($!)
+    done
+    wait "${tps[@]}"
+    alone=$(python3 -c 'import json,sys; r=[json.load(open(f)) for f in sys.argv[2:]]; s=sum(x["samples_per_s"] for x in r); ms=sum(x["step_ms"] for x in r)/len(r); print(f"  four alone at once: {s:.0f}/s in all, {ms:.1f} ms a step, {s/float(sys.argv[1]):.2f}x one")' \
+      "${one%% *}" "$store"/a?.json || tail -n 3 "$store"/a?.err)
+  fi
   python3 -c 'import sys; a,b,c,d=map(float,sys.argv[1:5]); w=(float(sys.argv[7])-float(sys.argv[6]))/float(sys.argv[10])*1000; print(f"{sys.argv[8]} round {sys.argv[9]}: one {a:.0f}/s {b:.1f} ms; four {c:.0f}/s {d:.1f} ms; {c/a:.2f}x; weights {sys.argv[5][:12]}; cpu-0 collective wait {w:.1f} ms/step")' \
-    $one $four "$w0" "$w1" "$jf" "$2" $((lim / 128)) ||
+    $one $four "$w0" "$w1" "$jf" "$2" $((lim / batch)) ||
     for f in "$store"/*.err "$store"/*.log; do echo "== $f"; tail -n 5 "$f"; done
+  [ -z "${alone:-}" ] || echo "$alone"
   kill "${pids[@]}" 2>/dev/null
   wait 2>/dev/null
   rm -rf "$store"

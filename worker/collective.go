@@ -65,7 +65,7 @@ type flight struct {
 // device's tensors live in host memory: work runs on its own goroutine,
 // with in's bytes, and its result becomes output out. It reports false,
 // having done nothing, when the op must run in the loop.
-func (x *exec) startCollective(i int, op *codec.Op, c *coll, in *kernels.Tensor, out kernels.Meta, work func(*coll, []byte) ([]byte, error)) (bool, error) {
+func (x *exec) startCollective(i int, op *codec.Op, c *coll, in *kernels.Tensor, out kernels.Meta, work func(c *coll, data, dst []byte) error) (bool, error) {
 	d := x.d
 	data := hostView(in)
 	if d.syncCollectives || data == nil {
@@ -109,15 +109,7 @@ func (x *exec) startCollective(i int, op *codec.Op, c *coll, in *kernels.Tensor,
 				f.err = failf(codec.CodeInternal, "%s panicked: %v", name, p)
 			}
 		}()
-		res, err := work(c, data)
-		if err == nil && len(res) != len(dst) {
-			err = failf(codec.CodeInternal, "%s made %d bytes for an output of %d", name, len(res), len(dst))
-		}
-		if err != nil {
-			f.err = err
-			return
-		}
-		copy(dst, res)
+		f.err = work(c, data, dst)
 	}()
 	return true, nil
 }

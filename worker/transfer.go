@@ -1,7 +1,9 @@
 package worker
 
 import (
+	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -59,7 +61,76 @@ type readCount struct {
 	NUID    string   `json:"nuid,omitempty"`
 	DType   string   `json:"dtype,omitempty"`
 	Shape   string   `json:"shape,omitempty"`
-	Data    []byte   `json:"data,omitempty"`
+	// Data is the bytes of an inline transfer, a base64 JSON string: kept
+	// encoded, so that a read count's update passes it through as it is,
+	// and decoded only into the reader's tensor (decodeInline).
+	Data json.RawMessage `json:"data,omitempty"`
+}
+
+// encodeInline is data as readCount.Data.
+func encodeInline(data []byte) json.RawMessage {
+	b := make([]byte, 0, base64.StdEncoding.EncodedLen(len(data))+2)
+	b = append(b, '"')
+	b = base64.StdEncoding.AppendEncode(b, data)
+	return append(b, '"')
+}
+
+// inlineSize is the number of bytes readCount.Data holds, where its length
+// tells (it does as encodeInline writes it).
+func inlineSize(raw json.RawMessage) (int, bool) {
+	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' || bytes.IndexByte(raw, '\\') >= 0 {
+		return 0, false
+	}
+	s := raw[1 : len(raw)-1]
+	if len(s)%4 != 0 {
+		return 0, false
+	}
+	return len(s)/4*3 - (len(s) - len(bytes.TrimRight(s, "="))), true
+}
+
+// decodeInline decodes readCount.Data into dst, which must be as long as
+// the bytes it holds.
+func decodeInline(raw json.RawMessage, dst []byte) error {
+	var s []byte
+	if len(raw) >= 2 && raw[0] == '"' && raw[len(raw)-1] == '"' {
+		s = raw[1 : len(raw)-1]
+	}
+	if s == nil || bytes.IndexByte(s, '\\') >= 0 {
+		// Not as encodeInline writes it (another writer's escapes): the
+		// JSON decoder's way.
+		var b []byte
+		if err := json.Unmarshal(raw, &b); err != nil {
+			return err
+		}
+		if len(b) != len(dst) {
+			return fmt.Errorf("it holds %d bytes, %d expected", len(b), len(dst))
+		}
+		copy(dst, b)
+		return nil
+	}
+	if len(s) != base64.StdEncoding.EncodedLen(len(dst)) {
+		return fmt.Errorf("it holds %d base64 characters, %d bytes need %d", len(s), len(dst), base64.StdEncoding.EncodedLen(len(dst)))
+	}
+	if len(s) == 0 {
+		return nil
+	}
+	// All but the last quantum straight into dst; the last, which padding
+	// may shorten, through a scratch, so that no input writes past dst.
+	head := len(s) - 4
+	n, err := base64.StdEncoding.Decode(dst[:head/4*3], s[:head])
+	if err != nil {
+		return err
+	}
+	var last [3]byte
+	k, err := base64.StdEncoding.Decode(last[:], s[head:])
+	if err != nil {
+		return err
+	}
+	if n+k != len(dst) {
+		return fmt.Errorf("it holds %d bytes, %d expected", n+k, len(dst))
+	}
+	copy(dst[n:], last[:k])
+	return nil
 }
 
 // inlineMax is the size up to which a transfer's bytes travel in its
@@ -114,7 +185,7 @@ func (mv *mover) publish(ctx context.Context, name string, m kernels.Meta, data 
 	rc := readCount{Max: reads, Writer: who, DType: m.DType.String(), Shape: shapeString(m.Shape)}
 	inline := len(data) > 0 && len(data) <= inlineMax
 	if inline {
-		rc.Data = data
+		rc.Data = encodeInline(data)
 	} else {
 		rc.NUID = objectstore.NewNUID()
 	}
@@ -185,8 +256,8 @@ func (mv *mover) fetchInto(ctx context.Context, name string, who string, want ke
 	if want.DType != kernels.Invalid && want.DType != m.DType || want.Shape != nil && !slices.Equal(want.Shape, m.Shape) {
 		return m, failf(codec.CodeShape, "%s holds %v %v, the op expects %v %v", name, m.DType, m.Shape, want.DType, want.Shape)
 	}
-	if rc.Data != nil && len(rc.Data) != m.Bytes() {
-		return m, failf(codec.CodeUnavailabe, "%s: its announcement holds %d bytes, %v %v needs %d", name, len(rc.Data), m.DType, m.Shape, m.Bytes())
+	if n, ok := inlineSize(rc.Data); ok && n != m.Bytes() {
+		return m, failf(codec.CodeUnavailabe, "%s: its announcement holds %d bytes, %v %v needs %d", name, n, m.DType, m.Shape, m.Bytes())
 	}
 	if err := mv.countRead(ctx, name, who); err != nil {
 		return m, err
@@ -196,7 +267,9 @@ func (mv *mover) fetchInto(ctx context.Context, name string, who string, want ke
 		return m, err
 	}
 	if rc.Data != nil {
-		copy(buf, rc.Data)
+		if err := decodeInline(rc.Data, buf); err != nil {
+			return m, failf(codec.CodeUnavailabe, "%s: its announcement's data, for %v %v: %v", name, m.DType, m.Shape, err)
+		}
 		mv.mu.Lock()
 		mv.io.inObject += uint64(len(buf))
 		mv.mu.Unlock()
@@ -657,14 +730,15 @@ func (x *exec) collective(i int, op *codec.Op) error {
 		return err
 	}
 	m := t.Meta
-	// work exchanges this rank's bytes and returns its output's; it only
-	// reads data (the pieces and results are new buffers).
-	var work func(c *coll, data []byte) ([]byte, error)
+	// work exchanges this rank's bytes, data, and writes its output's into
+	// dst; it only reads data.
+	var work func(c *coll, data, dst []byte) error
 	out := m
 	switch op.Op {
 	case opBroadcast:
-		work = func(c *coll, data []byte) ([]byte, error) {
-			return data, c.put("bc", -1, m, data, n-1)
+		work = func(c *coll, data, dst []byte) error {
+			copy(dst, data)
+			return c.put("bc", -1, m, data, n-1)
 		}
 	case opAllGather:
 		if len(m.Shape) == 0 {
@@ -672,7 +746,7 @@ func (x *exec) collective(i int, op *codec.Op) error {
 		}
 		out.Shape = slices.Clone(m.Shape)
 		out.Shape[0] *= n
-		work = func(c *coll, data []byte) ([]byte, error) { return c.allGather(m, data) }
+		work = func(c *coll, data, dst []byte) error { return c.allGather(m, data, dst) }
 	case opReduceScatter:
 		if len(m.Shape) == 0 || m.Shape[0]%n != 0 {
 			return failf(codec.CodeShape, "reduce_scatter: the first dimension of %v must divide by %d ranks", m.Shape, n)
@@ -682,7 +756,7 @@ func (x *exec) collective(i int, op *codec.Op) error {
 		}
 		out.Shape = slices.Clone(m.Shape)
 		out.Shape[0] /= n
-		work = func(c *coll, data []byte) ([]byte, error) { return c.reduceScatter(m, data, red) }
+		work = func(c *coll, data, dst []byte) error { return c.reduceScatter(m, data, red, dst) }
 	default: // all_reduce
 		if _, err := reducer(m.DType, red); err != nil {
 			return err
@@ -695,11 +769,11 @@ func (x *exec) collective(i int, op *codec.Op) error {
 		}
 		switch algo {
 		case "naive":
-			work = func(c *coll, data []byte) ([]byte, error) { return c.naive(m, data, red) }
+			work = func(c *coll, data, dst []byte) error { return c.naive(m, data, red, dst) }
 		case "direct":
-			work = func(c *coll, data []byte) ([]byte, error) { return c.direct(m, data, red) }
+			work = func(c *coll, data, dst []byte) error { return c.direct(m, data, red, dst) }
 		default:
-			work = func(c *coll, data []byte) ([]byte, error) { return c.scatterGather(m, data, red) }
+			work = func(c *coll, data, dst []byte) error { return c.scatterGather(m, data, red, dst) }
 		}
 	}
 	if started, err := x.startCollective(i, op, c, t, out, work); started || err != nil {
@@ -713,8 +787,8 @@ func (x *exec) collective(i int, op *codec.Op) error {
 	defer cancel()
 	c.ctx, c.mv = ctx, x.mover()
 	defer x.moved(c.mv)
-	res, err := work(c, data)
-	if err != nil {
+	res := make([]byte, out.Bytes())
+	if err := work(c, data, res); err != nil {
 		return err
 	}
 	return x.place(op.Out[0], out, res)
@@ -732,11 +806,33 @@ type coll struct {
 }
 
 func (c *coll) put(phase string, to int, m kernels.Meta, data []byte, reads int) error {
-	return c.mv.publish(c.ctx, subjects.TenantObject(c.tenant, subjects.CollectiveObject(c.group, phase, c.r, to)), m, data, reads, c.who)
+	return c.mv.publish(c.ctx, c.object(phase, c.r, to), m, data, reads, c.who)
+}
+
+func (c *coll) object(phase string, from, to int) string {
+	return subjects.TenantObject(c.tenant, subjects.CollectiveObject(c.group, phase, from, to))
+}
+
+// getInto reads the piece of phase from rank from to rank to (-1: every
+// rank) into dst, which has its size.
+func (c *coll) getInto(phase string, from, to int, want kernels.Meta, dst []byte) error {
+	_, err := c.mv.fetchInto(c.ctx, c.object(phase, from, to), c.who, want, func(m kernels.Meta) ([]byte, error) {
+		if m.Bytes() != len(dst) {
+			return nil, failf(codec.CodeShape, "rank %d's piece holds %d bytes, %d expected", from, m.Bytes(), len(dst))
+		}
+		return dst, nil
+	})
+	if err != nil {
+		var oe *opError
+		if errors.As(err, &oe) && oe.code == codec.CodeUnavailabe {
+			oe.msg = fmt.Sprintf("rank %d of group %s, waiting for rank %d: %s", c.r, c.group, from, oe.msg)
+		}
+	}
+	return err
 }
 
 func (c *coll) get(phase string, from, to int, want kernels.Meta) (kernels.Meta, []byte, error) {
-	m, data, err := c.mv.fetchObject(c.ctx, subjects.TenantObject(c.tenant, subjects.CollectiveObject(c.group, phase, from, to)), c.who, want)
+	m, data, err := c.mv.fetchObject(c.ctx, c.object(phase, from, to), c.who, want)
 	if err != nil {
 		var oe *opError
 		if errors.As(err, &oe) && oe.code == codec.CodeUnavailabe {
@@ -747,24 +843,22 @@ func (c *coll) get(phase string, from, to int, want kernels.Meta) (kernels.Meta,
 }
 
 // allGather: every rank writes its tensor once and reads every other
-// rank's, and joins them in rank order.
-func (c *coll) allGather(m kernels.Meta, data []byte) ([]byte, error) {
+// rank's into its place in dst, in rank order.
+func (c *coll) allGather(m kernels.Meta, data, dst []byte) error {
 	if err := c.put("ag", -1, m, data, c.n-1); err != nil {
-		return nil, err
+		return err
 	}
-	out := make([]byte, 0, c.n*len(data))
 	for j := range c.n {
+		at := dst[j*len(data) : (j+1)*len(data)]
 		if j == c.r {
-			out = append(out, data...)
+			copy(at, data)
 			continue
 		}
-		_, piece, err := c.get("ag", j, -1, m)
-		if err != nil {
-			return nil, err
+		if err := c.getInto("ag", j, -1, m, at); err != nil {
+			return err
 		}
-		out = append(out, piece...)
 	}
-	return out, nil
+	return nil
 }
 
 // bounds splits n elements into c.n slices.
@@ -777,39 +871,45 @@ func (c *coll) bounds(n int) []int {
 }
 
 // reduceScatter: every rank sends slice j to rank j and reduces its own
-// slice over the ranks, in rank order. It returns this rank's reduced
-// slice (bytes).
-func (c *coll) reduceScatter(m kernels.Meta, data []byte, red string) ([]byte, error) {
+// slice over the ranks, in rank order, into dst (the slice's size).
+func (c *coll) reduceScatter(m kernels.Meta, data []byte, red string, dst []byte) error {
 	es := m.DType.Size()
 	b := c.bounds(m.Numel())
 	want := kernels.Meta{DType: m.DType, Shape: []int{b[c.r+1] - b[c.r]}}
 	pieces := make([][]byte, c.n)
 	// The pieces this rank sends and those it receives travel at once:
-	// every rank writes before it waits for the others' writes.
+	// every rank writes before it waits for the others' writes. The
+	// first rank's piece is read into dst, where the sum is taken.
 	var wg sync.WaitGroup
 	errs := make([]error, 2*c.n)
 	for j := range c.n {
 		if j == c.r {
 			pieces[j] = data[b[j]*es : b[j+1]*es]
+			if j == 0 {
+				copy(dst, pieces[j])
+			}
 			continue
 		}
 		piece := kernels.Meta{DType: m.DType, Shape: []int{b[j+1] - b[j]}}
 		wg.Go(func() { errs[j] = c.put("rs", j, piece, data[b[j]*es:b[j+1]*es], 1) })
+		if j == 0 {
+			wg.Go(func() { errs[c.n+j] = c.getInto("rs", j, c.r, want, dst) })
+			continue
+		}
 		wg.Go(func() { _, pieces[j], errs[c.n+j] = c.get("rs", j, c.r, want) })
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		return nil, err
+		return err
 	}
 	f, err := reducer(m.DType, red)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	acc := slices.Clone(pieces[0])
 	for j := 1; j < c.n; j++ {
-		f(acc, pieces[j])
+		f(dst, pieces[j])
 	}
-	return acc, nil
+	return nil
 }
 
 // directMax is the size up to which the default all_reduce of more than
@@ -819,51 +919,55 @@ const directMax = 1 << 20
 
 // direct is the all_reduce in one round of the object store: every rank
 // writes its tensor once and reads every other rank's, and reduces them
-// all in rank order, as reduceScatter reduces each slice, so both give the
-// same bits. Each rank reads n-1 tensors: with two ranks as many bytes as
-// scatterGather moves, in half the round trips.
-func (c *coll) direct(m kernels.Meta, data []byte, red string) ([]byte, error) {
+// all in rank order into dst, as reduceScatter reduces each slice, so both
+// give the same bits. Each rank reads n-1 tensors: with two ranks as many
+// bytes as scatterGather moves, in half the round trips.
+func (c *coll) direct(m kernels.Meta, data []byte, red string, dst []byte) error {
 	f, err := reducer(m.DType, red)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	pieces := make([][]byte, c.n)
 	errs := make([]error, c.n)
 	var wg sync.WaitGroup
 	for j := range c.n {
-		if j == c.r {
+		switch {
+		case j == c.r:
 			pieces[j] = data
+			if j == 0 {
+				copy(dst, data)
+			}
 			wg.Go(func() { errs[j] = c.put("ar", -1, m, data, c.n-1) })
-			continue
+		case j == 0:
+			wg.Go(func() { errs[j] = c.getInto("ar", j, -1, m, dst) })
+		default:
+			wg.Go(func() { _, pieces[j], errs[j] = c.get("ar", j, -1, m) })
 		}
-		wg.Go(func() { _, pieces[j], errs[j] = c.get("ar", j, -1, m) })
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		return nil, err
+		return err
 	}
-	acc := slices.Clone(pieces[0])
 	for j := 1; j < c.n; j++ {
-		f(acc, pieces[j])
+		f(dst, pieces[j])
 	}
 	if red == "mean" {
-		divide(m.DType, acc, c.n)
+		divide(m.DType, dst, c.n)
 	}
-	return acc, nil
+	return nil
 }
 
 // scatterGather is the all_reduce for a broker in the middle: reduce-
-// scatter, then every rank gathers the reduced slices. Each rank writes
-// about one tensor's bytes and reads about two, whatever the rank count.
-func (c *coll) scatterGather(m kernels.Meta, data []byte, red string) ([]byte, error) {
-	mine, err := c.reduceScatter(m, data, red)
-	if err != nil {
-		return nil, err
-	}
+// scatter, then every rank gathers the reduced slices into their places
+// in dst. Each rank writes about one tensor's bytes and reads about two,
+// whatever the rank count.
+func (c *coll) scatterGather(m kernels.Meta, data []byte, red string, dst []byte) error {
 	es := m.DType.Size()
 	b := c.bounds(m.Numel())
-	out := make([]byte, len(data))
-	copy(out[b[c.r]*es:], mine)
+	mine := dst[b[c.r]*es : b[c.r+1]*es]
+	if err := c.reduceScatter(m, data, red, mine); err != nil {
+		return err
+	}
 	var wg sync.WaitGroup
 	errs := make([]error, c.n)
 	for j := range c.n {
@@ -874,50 +978,44 @@ func (c *coll) scatterGather(m kernels.Meta, data []byte, red string) ([]byte, e
 			continue
 		}
 		wg.Go(func() {
-			var piece []byte
-			_, piece, errs[j] = c.get("ag", j, -1, kernels.Meta{DType: m.DType, Shape: []int{b[j+1] - b[j]}})
-			copy(out[b[j]*es:], piece)
+			errs[j] = c.getInto("ag", j, -1, kernels.Meta{DType: m.DType, Shape: []int{b[j+1] - b[j]}}, dst[b[j]*es:b[j+1]*es])
 		})
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		return nil, err
+		return err
 	}
 	if red == "mean" {
-		divide(m.DType, out, c.n)
+		divide(m.DType, dst, c.n)
 	}
-	return out, nil
+	return nil
 }
 
 // naive gathers every tensor on rank 0, reduces there, and every other
 // rank fetches the result: rank 0 moves about 2(n-1) tensors.
-func (c *coll) naive(m kernels.Meta, data []byte, red string) ([]byte, error) {
+func (c *coll) naive(m kernels.Meta, data []byte, red string, dst []byte) error {
 	if c.r != 0 {
 		if err := c.put("nv", 0, m, data, 1); err != nil {
-			return nil, err
+			return err
 		}
-		_, out, err := c.get("nvr", 0, -1, m)
-		return out, err
+		return c.getInto("nvr", 0, -1, m, dst)
 	}
 	f, err := reducer(m.DType, red)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	acc := slices.Clone(data)
+	copy(dst, data)
 	for j := 1; j < c.n; j++ {
 		_, piece, err := c.get("nv", j, 0, m)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		f(acc, piece)
+		f(dst, piece)
 	}
 	if red == "mean" {
-		divide(m.DType, acc, c.n)
+		divide(m.DType, dst, c.n)
 	}
-	if err := c.put("nvr", -1, m, acc, c.n-1); err != nil {
-		return nil, err
-	}
-	return acc, nil
+	return c.put("nvr", -1, m, dst, c.n-1)
 }
 
 // reducer returns acc[i] = acc[i] (op) b[i] over little-endian bytes.

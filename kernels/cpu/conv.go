@@ -2,7 +2,6 @@ package cpu
 
 import (
 	"fmt"
-	"runtime"
 
 	"github.com/jetfabric/jetfabric/kernels"
 )
@@ -106,7 +105,7 @@ func (p *convPlan) flops() int { return p.N * p.O * p.p * max(p.r, 1) }
 // among: the cores when the work is large.
 func chunkWorkers(n, work int) int {
 	if work >= 1<<18 {
-		return max(1, min(runtime.GOMAXPROCS(0), n))
+		return max(1, min(threads(), n))
 	}
 	return 1
 }

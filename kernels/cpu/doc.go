@@ -60,9 +60,9 @@
 //
 // A Backend is used by one goroutine at a time, as kernels.Backend says.
 // Exec splits ops above about 32K elements across runtime.GOMAXPROCS
-// goroutines, which it starts and waits for; smaller ops run on the calling
-// goroutine and allocate nothing. The convolutions run their chunks on
-// GOMAXPROCS goroutines, each with scratch column matrices of about a
+// goroutines (fewer with SetThreads), which it starts and waits for;
+// smaller ops run on the calling goroutine and allocate nothing. The
+// convolutions run their chunks on as many goroutines, each with scratch column matrices of about a
 // million elements taken from a pool. The movement, indexing and
 // normalisation ops (kernels.Movement, Indexing, Norms) run on the calling
 // goroutine and allocate a little bookkeeping per call.

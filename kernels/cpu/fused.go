@@ -3,7 +3,6 @@ package cpu
 import (
 	"errors"
 	"fmt"
-	"runtime"
 	"slices"
 
 	"github.com/jetfabric/jetfabric/kernels"
@@ -111,7 +110,7 @@ func (b *Backend) execFused(g *kernels.FusedGroup, in, out []*kernels.Tensor) er
 	}
 	w := 1
 	if total*cost >= parallelMin*fusedGrain(g, vals) {
-		w = min(runtime.GOMAXPROCS(0), blocks)
+		w = min(threads(), blocks)
 	}
 	if w == 1 {
 		return fs.blocks(0, blocks)

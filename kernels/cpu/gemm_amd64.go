@@ -205,7 +205,7 @@ func gemmPacked[T float](pv mm, c, a, b []T, kern gemmKernel[T]) {
 	p.fold()
 	w := 1
 	if p.m*p.n*p.k >= gemmParallel && !p.serial {
-		w = runtime.GOMAXPROCS(0)
+		w = threads()
 	}
 	if p.batch.n != 1 {
 		gemmTiles(p, c, a, b, kern, w)

@@ -2,7 +2,6 @@ package cpu
 
 import (
 	"fmt"
-	"runtime"
 	"sync"
 
 	"github.com/jetfabric/jetfabric/kernels"
@@ -291,7 +290,7 @@ func gemmTiled[T float](pv mm, c, a, b []T, micro func(a, b, c []T, ldc int)) {
 	}
 	w := 1
 	if p.m*p.n*p.k >= 1<<18 && !p.serial {
-		w = min(runtime.GOMAXPROCS(0), tasks)
+		w = min(threads(), tasks)
 	}
 	if w > 1 {
 		parallelDynamic(tasks, w, run)

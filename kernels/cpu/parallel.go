@@ -3,8 +3,30 @@ package cpu
 import (
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 )
+
+// maxThreads bounds the goroutines one op splits its work over (0: none
+// but GOMAXPROCS); see SetThreads.
+var maxThreads atomic.Int32
+
+// SetThreads bounds the goroutines that one op of any CPU backend of the
+// process splits its work over to n; 0 or less lifts the bound. By
+// default an op takes up to GOMAXPROCS: with fewer, the processors left
+// over run what else the process does (a worker's network and its
+// collectives) at once, instead of waiting for an op's goroutines to
+// yield.
+func SetThreads(n int) { maxThreads.Store(int32(max(n, 0))) }
+
+// threads is the most goroutines one op splits its work over.
+func threads() int {
+	n := runtime.GOMAXPROCS(0)
+	if m := int(maxThreads.Load()); m > 0 && m < n {
+		return m
+	}
+	return n
+}
 
 // parallelMin is the number of cheap element operations below which an op
 // runs on the calling goroutine.
@@ -22,13 +44,13 @@ const maxRank = 16
 
 // split returns how many goroutines should share n units of work when one
 // unit costs about cost cheap element operations: 1 below parallelMin,
-// else up to GOMAXPROCS, each with at least parallelMin/2 of work.
+// else up to threads(), each with at least parallelMin/2 of work.
 func split(n, cost int) int {
 	work := n * max(cost, 1)
 	if work < parallelMin || n < 2 {
 		return 1
 	}
-	return max(1, min(runtime.GOMAXPROCS(0), work/(parallelMin/2), n))
+	return max(1, min(threads(), work/(parallelMin/2), n))
 }
 
 // parallel runs f over w contiguous ranges covering [0, n) and waits for
