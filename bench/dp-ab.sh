@@ -5,11 +5,13 @@
 # one worker's 40 steps at batch 128, then four workers' 40 steps at 512
 # (the backward in two parts, the default), the ratio of their samples/s,
 # the weights' hash and the time worker cpu-0's loop stood waiting for
-# collectives. With ALONE=1, each round also runs four one-worker
+# collectives, and the time its loop was busy with frames (one worker, then
+# four, collective waits included; evaluation included in both). With ALONE=1, each round also runs four one-worker
 # trainings at once, one on each worker (no collectives): the ratio the
 # host itself allows four workers, sharing its memory and caches. With
 # PROF=DIR, the broker and the workers write CPU profiles into DIR
-# (b-PID.prof, wN-PID.prof). Alternating the builds round by round lets a host whose
+# (b-PID.prof, wN-PID.prof), and the four workers' training client too
+# (t4-PID.prof). Alternating the builds round by round lets a host whose
 # speed drifts weigh on each alike.
 # usage: BINS="old/jetfabric new/jetfabric" bench/dp-ab.sh [rounds]
 # Environment: DATA (the directory of the four MNIST .gz files; default:
@@ -29,7 +31,9 @@ if (($(nproc) < 16)); then
   pin=()
   wpin() { shift; exec "$@"; }
 fi
-waited() { curl -s "127.0.0.1:$1/metrics" | awk '/^jetfabric_device_collective_wait_seconds_total/{s+=$2} END{print s+0}'; }
+metric() { curl -s "127.0.0.1:$1/metrics" | awk -v m="^$2" '$0 ~ m {s+=$2} END{print s+0}'; }
+waited() { metric "$1" jetfabric_device_collective_wait_seconds_total; }
+busy() { metric "$1" jetfabric_device_exec_seconds_total; }
 run_build() { # binary round port
   local jf=$1 port=$3 store
   store=$(mktemp -d)
@@ -42,10 +46,14 @@ run_build() { # binary round port
   done
   sleep 1.5
   local one four w0 w1 alone=
+  local e0 e1 e2
+  e0=$(busy 9190)
   one=$("${pin[@]}" "$jf" train "${data[@]}" --url nats://127.0.0.1:$port --model cnn --devices cpu-0 --batch $batch --epochs 1 --limit "$lim" --test-limit 500 --json --progress 0 2>"$store/t1.err" | field samples_per_s step_ms)
   w0=$(waited 9190)
-  four=$("${pin[@]}" "$jf" train "${data[@]}" --url nats://127.0.0.1:$port --model cnn --devices cpu-0,cpu-1,cpu-2,cpu-3 --batch $((4 * batch)) --epochs 1 --limit $((4 * lim)) --test-limit 500 --json --progress 0 2>"$store/t4.err" | field samples_per_s step_ms weights_sha256)
+  e1=$(busy 9190)
+  four=$(JETFABRIC_CPUPROFILE=${PROF:+$PROF/t4-%p.prof} "${pin[@]}" "$jf" train "${data[@]}" --url nats://127.0.0.1:$port --model cnn --devices cpu-0,cpu-1,cpu-2,cpu-3 --batch $((4 * batch)) --epochs 1 --limit $((4 * lim)) --test-limit 500 --json --progress 0 2>"$store/t4.err" | field samples_per_s step_ms weights_sha256)
   w1=$(waited 9190)
+  e2=$(busy 9190)
   if [ "${ALONE:-}" = 1 ]; then
     local i tps=()
     for i in 0 1 2 3; do
@@ -56,8 +64,8 @@ run_build() { # binary round port
     alone=$(python3 -c 'import json,sys; r=[json.load(open(f)) for f in sys.argv[2:]]; s=sum(x["samples_per_s"] for x in r); ms=sum(x["step_ms"] for x in r)/len(r); print(f"  four alone at once: {s:.0f}/s in all, {ms:.1f} ms a step, {s/float(sys.argv[1]):.2f}x one")' \
       "${one%% *}" "$store"/a?.json || tail -n 3 "$store"/a?.err)
   fi
-  python3 -c 'import sys; a,b,c,d=map(float,sys.argv[1:5]); w=(float(sys.argv[7])-float(sys.argv[6]))/float(sys.argv[10])*1000; print(f"{sys.argv[8]} round {sys.argv[9]}: one {a:.0f}/s {b:.1f} ms; four {c:.0f}/s {d:.1f} ms; {c/a:.2f}x; weights {sys.argv[5][:12]}; cpu-0 collective wait {w:.1f} ms/step")' \
-    $one $four "$w0" "$w1" "$jf" "$2" $((lim / batch)) ||
+  python3 -c 'import sys; a,b,c,d=map(float,sys.argv[1:5]); st=float(sys.argv[10]); w=(float(sys.argv[7])-float(sys.argv[6]))/st*1000; x1=(float(sys.argv[12])-float(sys.argv[11]))/st*1000; x4=(float(sys.argv[13])-float(sys.argv[12]))/st*1000; print(f"{sys.argv[8]} round {sys.argv[9]}: one {a:.0f}/s {b:.1f} ms; four {c:.0f}/s {d:.1f} ms; {c/a:.2f}x; weights {sys.argv[5][:12]}; cpu-0 busy {x1:.1f} / {x4:.1f} ms/step, collective wait {w:.1f} ms/step")' \
+    $one $four "$w0" "$w1" "$jf" "$2" $((lim / batch)) "$e0" "$e1" "$e2" ||
     for f in "$store"/*.err "$store"/*.log; do echo "== $f"; tail -n 5 "$f"; done
   [ -z "${alone:-}" ] || echo "$alone"
   kill "${pids[@]}" 2>/dev/null
