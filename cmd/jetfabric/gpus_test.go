@@ -26,6 +26,9 @@ func TestGPUFlag(t *testing.T) {
 	if _, err := (&workerFlags{cpus: 0, gpus: "none"}).config(nil); err == nil {
 		t.Error("-cpus 0 -gpus none accepted")
 	}
+	if _, err := (&workerFlags{cpus: 1, gpus: "none", cpuThreads: -1}).config(nil); err == nil || !strings.Contains(err.Error(), "-cpu-threads -1") {
+		t.Errorf("-cpu-threads -1: %v", err)
+	}
 }
 
 // Without a driver (or cgo), -gpus all says so once and serves the CPU;
