@@ -111,7 +111,9 @@ func (tb *table) len() int { return tb.live + len(tb.sparse) }
 // given.
 func (tb *table) all() iter.Seq2[uint64, entry] {
 	return func(yield func(uint64, entry) bool) {
-		for i := range tb.dense {
+		// The length is read again each time round: a delete by the body
+		// may drop an emptied window.
+		for i := 0; i < len(tb.dense); i++ {
 			if e := tb.dense[i]; e.present() && !yield(tb.lo+uint64(i), e) {
 				return
 			}

@@ -60,3 +60,25 @@ func TestTable(t *testing.T) {
 		t.Fatal("an entry after deleting them all")
 	}
 }
+
+// TestTableDeleteAll: deleting every entry while iterating, as closing a
+// session does, with a window large enough to be dropped once empty and
+// its last entry not at its end.
+func TestTableDeleteAll(t *testing.T) {
+	var tb table
+	const n = 1<<16 + 100
+	for id := uint64(1); id <= n; id++ {
+		tb.set(id, entry{fail: &codec.Error{Index: int(id)}})
+	}
+	for id := uint64(n - 50); id <= n; id++ {
+		tb.del(id)
+	}
+	seen := 0
+	for id := range tb.all() {
+		tb.del(id)
+		seen++
+	}
+	if seen != n-51 || tb.len() != 0 {
+		t.Errorf("iterated %d entries, want %d; %d left", seen, n-51, tb.len())
+	}
+}
