@@ -822,24 +822,21 @@ func (c *coll) getInto(phase string, from, to int, want kernels.Meta, dst []byte
 		}
 		return dst, nil
 	})
-	if err != nil {
-		var oe *opError
-		if errors.As(err, &oe) && oe.code == codec.CodeUnavailabe {
-			oe.msg = fmt.Sprintf("rank %d of group %s, waiting for rank %d: %s", c.r, c.group, from, oe.msg)
-		}
-	}
-	return err
+	return c.waitedFor(from, err)
 }
 
 func (c *coll) get(phase string, from, to int, want kernels.Meta) (kernels.Meta, []byte, error) {
 	m, data, err := c.mv.fetchObject(c.ctx, c.object(phase, from, to), c.who, want)
-	if err != nil {
-		var oe *opError
-		if errors.As(err, &oe) && oe.code == codec.CodeUnavailabe {
-			oe.msg = fmt.Sprintf("rank %d of group %s, waiting for rank %d: %s", c.r, c.group, from, oe.msg)
-		}
+	return m, data, c.waitedFor(from, err)
+}
+
+// waitedFor names the rank whose piece did not come in err.
+func (c *coll) waitedFor(from int, err error) error {
+	var oe *opError
+	if errors.As(err, &oe) && oe.code == codec.CodeUnavailabe {
+		oe.msg = fmt.Sprintf("rank %d of group %s, waiting for rank %d: %s", c.r, c.group, from, oe.msg)
 	}
-	return m, data, err
+	return err
 }
 
 // allGather: every rank writes its tensor once and reads every other
