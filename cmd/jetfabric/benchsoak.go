@@ -97,6 +97,13 @@ type soakStall struct {
 	First  float64 `json:"first_answer_ms"`
 	Median float64 `json:"median_session_ms"`
 	Last   float64 `json:"last_session_ms"`
+	// Waits: how long each session's first step answered after the kill
+	// waited, from the later of the kill and the step's start: the stall
+	// its client saw, without the time the session was idle between
+	// steps (which the figures above include).
+	WaitFirst  float64 `json:"wait_first_ms"`
+	WaitMedian float64 `json:"wait_median_ms"`
+	WaitLast   float64 `json:"wait_last_ms"`
 }
 
 // soakMemory is one worker process's resident memory against the tensor
@@ -301,7 +308,8 @@ func soakRun(ctx context.Context, cl *client.Client, c soakConfig, device, name 
 		done   int
 		kills  []time.Time
 		killAt []int
-		answer = make([][]time.Time, c.sessions) // after each kill, a session's first answer
+		answer = make([][]time.Time, c.sessions)     // after each kill, a session's first answer
+		waited = make([][]time.Duration, c.sessions) // and how long that step waited (soakStall)
 	)
 	total := c.steps * c.sessions
 	if next != nil {
@@ -382,11 +390,13 @@ func soakRun(ctx context.Context, cl *client.Client, c soakConfig, device, name 
 		}()
 		return nil
 	}
-	stepDone := func(sess int, at time.Time) {
+	stepDone := func(sess int, start, at time.Time) {
 		mu.Lock()
 		// An answer counts for the kills it came after.
 		for len(answer[sess]) < len(kills) && at.After(kills[len(answer[sess])]) {
+			k := kills[len(answer[sess])]
 			answer[sess] = append(answer[sess], at)
+			waited[sess] = append(waited[sess], at.Sub(later(k, start)))
 		}
 		done++
 		due := killErr == nil && !killing && len(killAt) > len(kills) && done >= killAt[len(kills)]
@@ -415,6 +425,7 @@ func soakRun(ctx context.Context, cl *client.Client, c soakConfig, device, name 
 			tick := time.Now()
 			for step := range c.steps {
 				// Rewrite one tensor and read its sum back.
+				start := time.Now()
 				j := step % k
 				x := held[i][j].Add(one)
 				held[i][j].Free()
@@ -425,7 +436,7 @@ func soakRun(ctx context.Context, cl *client.Client, c soakConfig, device, name 
 					return
 				}
 				ph.reads[i] = append(ph.reads[i], math.Float32bits(v[0]))
-				stepDone(i, time.Now())
+				stepDone(i, start, time.Now())
 				for p := range c.probes {
 					at := time.Now()
 					v, err := s.Full([]int{4}, float64(step*c.probes+p)).Float32s(ctx)
@@ -454,15 +465,18 @@ func soakRun(ctx context.Context, cl *client.Client, c soakConfig, device, name 
 		ph.probes = append(ph.probes, probes[i]...)
 	}
 	for ki, at := range kills {
-		var per []float64
+		var per, wait []float64
 		for i := range answer {
 			if ki < len(answer[i]) {
 				per = append(per, answer[i][ki].Sub(at).Seconds()*1e3)
+				wait = append(wait, waited[i][ki].Seconds()*1e3)
 			}
 		}
 		slices.Sort(per)
+		slices.Sort(wait)
 		if len(per) > 0 {
-			ph.Stalls = append(ph.Stalls, soakStall{First: per[0], Median: per[len(per)/2], Last: per[len(per)-1]})
+			ph.Stalls = append(ph.Stalls, soakStall{First: per[0], Median: per[len(per)/2], Last: per[len(per)-1],
+				WaitFirst: wait[0], WaitMedian: wait[len(wait)/2], WaitLast: wait[len(wait)-1]})
 			ph.stallWindows = append(ph.stallWindows, [2]time.Time{at, at.Add(time.Duration(per[len(per)-1] * 1e6))})
 		}
 	}
@@ -710,7 +724,8 @@ func soakReport(c soakConfig, ref, soak *soakPhase, asJSON bool, stdout io.Write
 		fmt.Fprintf(stdout, "read p50: %.2f ms with no checkpoints; %.2f ms during checkpoints\n", r.P50Base, r.P50During)
 		fmt.Fprintf(stdout, "read p99 while recovering (a kill to every session's next answer, and while a restore still read tensors): %.1f ms (%d reads, left out above)\n", r.P99Recovery, len(recovery))
 		for i, s := range soak.Stalls {
-			fmt.Fprintf(stdout, "kill %d: first session answered after %.0f ms, median session %.0f ms, last %.0f ms\n", i+1, s.First, s.Median, s.Last)
+			fmt.Fprintf(stdout, "kill %d: first session answered after %.0f ms, median session %.0f ms, last %.0f ms; their steps waited %.0f / %.0f / %.0f ms (from the later of the kill and the step's start; target < 2 s)\n",
+				i+1, s.First, s.Median, s.Last, s.WaitFirst, s.WaitMedian, s.WaitLast)
 		}
 		for _, ph := range []*soakPhase{ref, soak} {
 			fmt.Fprintf(stdout, "%s: %.0f s\n", ph.Name, ph.Seconds)
@@ -752,4 +767,12 @@ func parseSize(v string) (int64, error) {
 		return 0, fmt.Errorf("%q: want a size such as 3GiB", v)
 	}
 	return n, nil
+}
+
+// later is the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"math"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -33,6 +34,21 @@ func TestBenchSoak(t *testing.T) {
 	for _, want := range []string{"kill 1:", "kill 2:", "read p99:", "RSS at most", "after the sessions were freed"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("no %q in\n%s", want, out)
+		}
+	}
+	// A step's wait starts at the kill or later: it is never longer than
+	// the time from the kill to the answer.
+	kills := regexp.MustCompile(`kill \d+: first session answered after (\d+) ms, median session (\d+) ms, last (\d+) ms; their steps waited (\d+) / (\d+) / (\d+) ms`).FindAllStringSubmatch(out, -1)
+	if len(kills) != 2 {
+		t.Fatalf("%d kill lines with waits in\n%s", len(kills), out)
+	}
+	for _, k := range kills {
+		for i := 1; i <= 3; i++ {
+			answer, _ := strconv.Atoi(k[i])
+			wait, _ := strconv.Atoi(k[i+3])
+			if wait > answer {
+				t.Errorf("%q: a wait of %d ms over the %d ms from the kill to the answer", k[0], wait, answer)
+			}
 		}
 	}
 }
