@@ -6,7 +6,9 @@
 # (the backward in two parts, the default), the ratio of their samples/s,
 # the weights' hash and the time worker cpu-0's loop stood waiting for
 # collectives, and the time its loop was busy with frames (one worker, then
-# four, collective waits included; evaluation included in both). With ALONE=1, each round also runs four one-worker
+# four, collective waits included; evaluation included in both), and the
+# ratio of the steady state (the steps after the first loss check, at step
+# 10: graphs defined and recorded) beside the whole run's. With ALONE=1, each round also runs four one-worker
 # trainings at once, one on each worker (no collectives): the ratio the
 # host itself allows four workers, sharing its memory and caches. With
 # PROF=DIR, the broker and the workers write CPU profiles into DIR
@@ -24,7 +26,7 @@ lim=${LIM1:-$((40 * batch))}
 data=()
 if [ -n "${DATA:-}" ]; then data=(--data "$DATA"); fi
 echo "host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
-field() { python3 -c 'import json,sys; d=json.load(sys.stdin); print(" ".join(str(d[k]) for k in sys.argv[1:]))' "$@"; }
+field() { python3 -c 'import json,sys; d=json.load(sys.stdin); print(" ".join(str(d.get(k, 0)) for k in sys.argv[1:]))' "$@"; }
 pin=(taskset -c 12-15)
 wpin() { exec taskset -c "$@"; }
 if (($(nproc) < 16)); then
@@ -48,10 +50,10 @@ run_build() { # binary round port
   local one four w0 w1 alone=
   local e0 e1 e2
   e0=$(busy 9190)
-  one=$("${pin[@]}" "$jf" train "${data[@]}" --url nats://127.0.0.1:$port --model cnn --devices cpu-0 --batch $batch --epochs 1 --limit "$lim" --test-limit 500 --json --progress 0 2>"$store/t1.err" | field samples_per_s step_ms)
+  one=$("${pin[@]}" "$jf" train "${data[@]}" --url nats://127.0.0.1:$port --model cnn --devices cpu-0 --batch $batch --epochs 1 --limit "$lim" --test-limit 500 --check-every 10 --json --progress 0 2>"$store/t1.err" | field samples_per_s step_ms steady_samples_per_s steady_step_ms)
   w0=$(waited 9190)
   e1=$(busy 9190)
-  four=$(JETFABRIC_CPUPROFILE=${PROF:+$PROF/t4-%p.prof} "${pin[@]}" "$jf" train "${data[@]}" --url nats://127.0.0.1:$port --model cnn --devices cpu-0,cpu-1,cpu-2,cpu-3 --batch $((4 * batch)) --epochs 1 --limit $((4 * lim)) --test-limit 500 --json --progress 0 2>"$store/t4.err" | field samples_per_s step_ms weights_sha256)
+  four=$(JETFABRIC_CPUPROFILE=${PROF:+$PROF/t4-%p.prof} "${pin[@]}" "$jf" train "${data[@]}" --url nats://127.0.0.1:$port --model cnn --devices cpu-0,cpu-1,cpu-2,cpu-3 --batch $((4 * batch)) --epochs 1 --limit $((4 * lim)) --test-limit 500 --check-every 10 --json --progress 0 2>"$store/t4.err" | field samples_per_s step_ms weights_sha256 steady_samples_per_s steady_step_ms)
   w1=$(waited 9190)
   e2=$(busy 9190)
   if [ "${ALONE:-}" = 1 ]; then
@@ -64,7 +66,15 @@ run_build() { # binary round port
     alone=$(python3 -c 'import json,sys; r=[json.load(open(f)) for f in sys.argv[2:]]; s=sum(x["samples_per_s"] for x in r); ms=sum(x["step_ms"] for x in r)/len(r); print(f"  four alone at once: {s:.0f}/s in all, {ms:.1f} ms a step, {s/float(sys.argv[1]):.2f}x one")' \
       "${one%% *}" "$store"/a?.json || tail -n 3 "$store"/a?.err)
   fi
-  python3 -c 'import sys; a,b,c,d=map(float,sys.argv[1:5]); st=float(sys.argv[10]); w=(float(sys.argv[7])-float(sys.argv[6]))/st*1000; x1=(float(sys.argv[12])-float(sys.argv[11]))/st*1000; x4=(float(sys.argv[13])-float(sys.argv[12]))/st*1000; print(f"{sys.argv[8]} round {sys.argv[9]}: one {a:.0f}/s {b:.1f} ms; four {c:.0f}/s {d:.1f} ms; {c/a:.2f}x; weights {sys.argv[5][:12]}; cpu-0 busy {x1:.1f} / {x4:.1f} ms/step, collective wait {w:.1f} ms/step")' \
+  python3 -c '
+import sys
+a = sys.argv[1:]
+one, four = [float(x) for x in a[0:4]], a[4:9]
+sps4, ms4, h, ssps4, sms4 = float(four[0]), float(four[1]), four[2], float(four[3]), float(four[4])
+w0, w1, jf, rnd, steps, e0, e1, e2 = float(a[9]), float(a[10]), a[11], a[12], float(a[13]), float(a[14]), float(a[15]), float(a[16])
+steady = f"; steady (steps 11 on) {one[3]:.1f} / {sms4:.1f} ms, {ssps4/one[2]:.2f}x" if one[2] and ssps4 else ""
+print(f"{jf} round {rnd}: one {one[0]:.0f}/s {one[1]:.1f} ms; four {sps4:.0f}/s {ms4:.1f} ms; {sps4/one[0]:.2f}x{steady}; weights {h[:12]}; "
+      f"cpu-0 busy {(e1-e0)/steps*1000:.1f} / {(e2-e1)/steps*1000:.1f} ms/step, collective wait {(w1-w0)/steps*1000:.1f} ms/step")' \
     $one $four "$w0" "$w1" "$jf" "$2" $((lim / batch)) "$e0" "$e1" "$e2" ||
     for f in "$store"/*.err "$store"/*.log; do echo "== $f"; tail -n 5 "$f"; done
   [ -z "${alone:-}" ] || echo "$alone"

@@ -41,8 +41,14 @@ type trainReport struct {
 	TrainSeconds  float64  `json:"train_seconds"`
 	SamplesPerS   float64  `json:"samples_per_s"`
 	StepMS        float64  `json:"step_ms"`
-	WeightsSHA256 string   `json:"weights_sha256"`
-	Saved         string   `json:"saved,omitempty"`
+	// The steady state: the steps after the first loss check (graphs
+	// defined, recorded and warm by then), from that check's answer (the
+	// run waits for it) to the end; absent when the run had one check.
+	SteadyFrom        int     `json:"steady_from_step,omitempty"`
+	SteadySamplesPerS float64 `json:"steady_samples_per_s,omitempty"`
+	SteadyStepMS      float64 `json:"steady_step_ms,omitempty"`
+	WeightsSHA256     string  `json:"weights_sha256"`
+	Saved             string  `json:"saved,omitempty"`
 }
 
 func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -89,8 +95,12 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		enc.SetIndent("", "  ")
 		return enc.Encode(rep)
 	}
-	fmt.Fprintf(stdout, "test accuracy %.2f%% (%d examples); %d steps, %.1f ms a step, %.0f samples/s; weights sha256 %s\n",
-		100*rep.TestAccuracy, rep.TestExamples, rep.Steps, rep.StepMS, rep.SamplesPerS, rep.WeightsSHA256)
+	steady := ""
+	if rep.SteadyFrom > 0 {
+		steady = fmt.Sprintf(" (from step %d on: %.1f ms a step, %.0f samples/s)", rep.SteadyFrom, rep.SteadyStepMS, rep.SteadySamplesPerS)
+	}
+	fmt.Fprintf(stdout, "test accuracy %.2f%% (%d examples); %d steps, %.1f ms a step, %.0f samples/s%s; weights sha256 %s\n",
+		100*rep.TestAccuracy, rep.TestExamples, rep.Steps, rep.StepMS, rep.SamplesPerS, steady, rep.WeightsSHA256)
 	if rep.Saved != "" {
 		fmt.Fprintf(stdout, "saved %s\n", rep.Saved)
 	}
@@ -193,6 +203,10 @@ func trainMNIST(ctx context.Context, c *client.Client, f *trainFlags, train, tes
 	lastPrint := start
 	step, checked := 0, 0
 	windowSamples := 0
+	// The first check, waited for: when it was answered, its last step
+	// and the samples through it (the start of the steady state).
+	var warmAt time.Time
+	warmStep, warmSamples, doneSamples := 0, 0, 0
 	// Each check queues the reads of its window's losses and correct
 	// counts and takes them in the background; it handles the previous
 	// window's, so the worker runs the next steps while they travel.
@@ -216,6 +230,9 @@ func trainMNIST(ctx context.Context, c *client.Client, f *trainFlags, train, tes
 				return fmt.Errorf("%w at step %d (epoch %d): %v", errNaN, bad, (bad-1)/perEpoch+1, v)
 			}
 			loss += v
+		}
+		if doneSamples += w.samples; warmStep == 0 {
+			warmStep, warmSamples = w.last, doneSamples
 		}
 		rep.FinalLoss = loss / float64(len(w.losses))
 		rep.TrainAccuracy = w.correct / float64(w.samples)
@@ -257,6 +274,14 @@ func trainMNIST(ctx context.Context, c *client.Client, f *trainFlags, train, tes
 					}
 				}
 				pending = w
+				if warmStep == 0 {
+					// The first check is waited for: the steady state starts
+					// with the workers done with the steps before it.
+					if err := finish(pending); err != nil {
+						return nil, err
+					}
+					pending, warmAt = nil, time.Now()
+				}
 			}
 		}
 		for _, r := range reps {
@@ -271,11 +296,18 @@ func trainMNIST(ctx context.Context, c *client.Client, f *trainFlags, train, tes
 	if err != nil {
 		return nil, err
 	}
-	elapsed := time.Since(start)
+	end := time.Now()
+	elapsed := end.Sub(start)
 	rep.Steps = step
 	rep.TrainSeconds = elapsed.Seconds()
 	rep.SamplesPerS = float64(f.epochs*n) / elapsed.Seconds()
 	rep.StepMS = float64(elapsed.Microseconds()) / 1000 / float64(step)
+	if warmStep > 0 && warmStep < step {
+		steady := end.Sub(warmAt)
+		rep.SteadyFrom = warmStep + 1
+		rep.SteadySamplesPerS = float64(f.epochs*n-warmSamples) / steady.Seconds()
+		rep.SteadyStepMS = float64(steady.Microseconds()) / 1000 / float64(step-warmStep)
+	}
 
 	acc, err := evaluate(ctx, reps[0], test.N)
 	if err != nil {

@@ -122,13 +122,20 @@ func trainOn(t *testing.T, url string, f *trainFlags, onCheck func(step int)) *t
 // starts, on one device and data-parallel on two, and checks its JSON:
 // the digest is the saved file's.
 func TestTrainCommand(t *testing.T) {
-	for _, devs := range []string{"cpu-0", "cpu-0,cpu-1"} {
+	// A loss check every 2 of the 4 steps gives a steady state from step
+	// 3; one every 20 (the default), none.
+	for _, c := range []struct {
+		devs   string
+		check  string
+		steady int
+	}{{"cpu-0", "2", 3}, {"cpu-0,cpu-1", "20", 0}} {
+		devs := c.devs
 		t.Run(devs, func(t *testing.T) {
 			save := filepath.Join(t.TempDir(), "w.safetensors")
 			// The embedded workers' devices log to stderr concurrently.
 			var stdout, stderr output
 			code := run(context.Background(), []string{"train", "-devices", devs, "-limit", "256", "-test-limit", "100",
-				"-epochs", "1", "-batch", "64", "-hidden", "16", "-json", "-save", save}, &stdout, &stderr)
+				"-epochs", "1", "-batch", "64", "-hidden", "16", "-check-every", c.check, "-json", "-save", save}, &stdout, &stderr)
 			if code != 0 {
 				t.Fatalf("exit %d: %s", code, stderr.String())
 			}
@@ -144,6 +151,9 @@ func TestTrainCommand(t *testing.T) {
 			if rep.Steps != 4 || rep.TrainExamples != 256 || rep.TestExamples != 100 || rep.StepMS <= 0 || rep.SamplesPerS <= 0 ||
 				rep.WeightsSHA256 != hex.EncodeToString(sum[:]) || rep.Saved != save || strings.Join(rep.Devices, ",") != devs {
 				t.Fatalf("report %+v", rep)
+			}
+			if rep.SteadyFrom != c.steady || (c.steady > 0) != (rep.SteadySamplesPerS > 0 && rep.SteadyStepMS > 0) {
+				t.Fatalf("steady state from step %d (%v samples/s, %v ms a step), want from step %d", rep.SteadyFrom, rep.SteadySamplesPerS, rep.SteadyStepMS, c.steady)
 			}
 		})
 	}
