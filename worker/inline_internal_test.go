@@ -64,4 +64,9 @@ func TestInline(t *testing.T) {
 			t.Errorf("%s into %d bytes: written past the destination: %v", c.raw, c.n, tail)
 		}
 	}
+	for raw, want := range map[string]bool{"": false, "null": false, `""`: true, `"QQ=="`: true} {
+		if got := (&readCount{Data: json.RawMessage(raw)}).inline(); got != want {
+			t.Errorf("data %q: inline %v, want %v", raw, got, want)
+		}
+	}
 }

@@ -67,6 +67,10 @@ type readCount struct {
 	Data json.RawMessage `json:"data,omitempty"`
 }
 
+// inline reports whether the announcement holds the bytes (a JSON null
+// holds none, as an absent field).
+func (rc *readCount) inline() bool { return len(rc.Data) > 0 && string(rc.Data) != "null" }
+
 // encodeInline is data as readCount.Data.
 func encodeInline(data []byte) json.RawMessage {
 	b := make([]byte, 0, base64.StdEncoding.EncodedLen(len(data))+2)
@@ -199,7 +203,7 @@ func (mv *mover) publish(ctx context.Context, name string, m kernels.Meta, data 
 		if gerr != nil || json.Unmarshal(e.Value(), &prev) != nil || prev.Writer != who {
 			return failf(codec.CodeDuplicate, "transfer %s was already written by another op; transfer ids are never reused", name)
 		}
-		if inline || prev.Data != nil {
+		if inline || prev.inline() {
 			return nil // the value holds the bytes: written whole before
 		}
 		if _, err := w.xfer.Stat(ctx, name); err == nil {
@@ -266,7 +270,7 @@ func (mv *mover) fetchInto(ctx context.Context, name string, who string, want ke
 	if err != nil {
 		return m, err
 	}
-	if rc.Data != nil {
+	if rc.inline() {
 		if err := decodeInline(rc.Data, buf); err != nil {
 			return m, failf(codec.CodeUnavailabe, "%s: its announcement's data, for %v %v: %v", name, m.DType, m.Shape, err)
 		}
