@@ -331,11 +331,10 @@ func benchFabric(ctx context.Context, layout string, ckpt time.Duration, bw benc
 			stop()
 			return "", nil, err
 		}
-		port := 20000 + rand.IntN(20000)
-		url := "nats://127.0.0.1:" + strconv.Itoa(port)
+		scheme := "nats://"
 		var brokerTLS, clientTLS, echoTLS []string
 		if bw.tls != nil {
-			url = "tls://127.0.0.1:" + strconv.Itoa(port)
+			scheme = "tls://"
 			brokerTLS = []string{"--tls-cert", bw.tls.ServerCert, "--tls-key", bw.tls.ServerKey, "--tls-ca", bw.tls.CA}
 			clientTLS = []string{"--tls-ca", bw.tls.CA}
 			echoTLS = []string{"--serve-echo-tls-ca", bw.tls.CA}
@@ -349,14 +348,14 @@ func benchFabric(ctx context.Context, layout string, ckpt time.Duration, bw benc
 			cleanup = append(cleanup, func() { _ = cmd.Process.Signal(os.Interrupt); _ = cmd.Wait() })
 			return nil
 		}
-		if err := start(append([]string{"broker", "--listen", "127.0.0.1:" + strconv.Itoa(port), "--http", "", "--store", dir, "--xfer-storage", bw.xferStorage}, brokerTLS...)...); err != nil {
+		url, stopBroker, err := spawnBroker(ctx, exe, nil, scheme, func(listen string) []string {
+			return append([]string{"broker", "--listen", listen, "--http", "", "--store", dir, "--xfer-storage", bw.xferStorage}, brokerTLS...)
+		}, tlsOpts...)
+		if err != nil {
 			stop()
 			return "", nil, err
 		}
-		if err := waitConnect(ctx, url, tlsOpts...); err != nil {
-			stop()
-			return "", nil, err
-		}
+		cleanup = append(cleanup, stopBroker)
 		if err := start(append([]string{"worker", "--url", url, "--idle-timeout", "1h", "--checkpoint-interval", ckpt.String(), "--gpus", bw.gpus, "--no-fusion=" + strconv.FormatBool(bw.noFusion), "--no-gpu-chains=" + strconv.FormatBool(bw.noChains), "--no-programs=" + strconv.FormatBool(bw.noPrograms), "--tf32=" + strconv.FormatBool(bw.tf32)}, clientTLS...)...); err != nil {
 			stop()
 			return "", nil, err

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -10,11 +11,14 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/jetfabric/jetfabric/client"
 )
@@ -102,13 +106,15 @@ func benchScale(ctx context.Context, c scaleConfig, asJSON bool, stdout io.Write
 	}
 	defer os.RemoveAll(dir)
 	var procs []*exec.Cmd
-	defer func() {
+	stopBroker := func() {}
+	defer func() { // the workers, then the broker they stop through
 		for _, p := range procs {
 			_ = p.Process.Signal(syscall.SIGTERM)
 		}
 		for _, p := range procs {
 			_ = p.Wait()
 		}
+		stopBroker()
 	}()
 	start := func(env []string, args ...string) error {
 		cmd := exec.Command(exe, args...)
@@ -120,10 +126,11 @@ func benchScale(ctx context.Context, c scaleConfig, asJSON bool, stdout io.Write
 		procs = append(procs, cmd)
 		return nil
 	}
-	cl, url, err := brokerProcess(ctx, dir, func(args ...string) error { return start(nil, args...) })
+	cl, url, stop, err := brokerProcess(ctx, exe, nil, dir)
 	if err != nil {
 		return err
 	}
+	stopBroker = stop
 	defer cl.Close()
 	var env []string
 	cores := "all the machine's"
@@ -176,24 +183,75 @@ func benchScale(ctx context.Context, c scaleConfig, asJSON bool, stdout io.Write
 	return nil
 }
 
-// brokerProcess starts a broker process through start, its store in dir,
-// on a free loopback port, and connects a client once it takes
-// connections.
-func brokerProcess(ctx context.Context, dir string, start func(args ...string) error) (*client.Client, string, error) {
-	port := freeLoopbackPort()
-	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
-	if err := start("broker", "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--http", "", "--store", dir); err != nil {
-		return nil, "", err
-	}
-	if err := waitConnect(ctx, url); err != nil {
-		return nil, "", err
-	}
-	cl, err := client.Connect(url)
+// brokerProcess starts a broker process of exe (with env added to its
+// environment), its store in dir (spawnBroker), and connects a client.
+// stop ends the process.
+func brokerProcess(ctx context.Context, exe string, env []string, dir string) (cl *client.Client, url string, stop func(), err error) {
+	url, stop, err = spawnBroker(ctx, exe, env, "nats://", func(listen string) []string {
+		return []string{"broker", "--listen", listen, "--http", "", "--store", dir}
+	})
 	if err != nil {
-		return nil, "", err
+		return nil, "", nil, err
 	}
-	return cl, url, nil
+	if cl, err = client.Connect(url); err != nil {
+		stop()
+		return nil, "", nil, err
+	}
+	return cl, url, stop, nil
 }
+
+// spawnBroker starts a broker process of exe with args(listen), listen a
+// loopback address whose port the broker chooses itself, so that no other
+// process can take it first, and returns the URL it takes connections at
+// (scheme, then the address its ready line names) once it does
+// (waitConnect, with opts). stop interrupts the process and waits for it.
+func spawnBroker(ctx context.Context, exe string, env []string, scheme string, args func(listen string) []string, opts ...nats.Option) (url string, stop func(), err error) {
+	cmd := exec.Command(exe, args("127.0.0.1:-1")...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return "", nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return "", nil, err
+	}
+	ready := make(chan string, 1)
+	exited := make(chan error, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if m := brokerReady.FindStringSubmatch(sc.Text()); m != nil {
+				ready <- m[1]
+				break
+			}
+		}
+		_, _ = io.Copy(io.Discard, out) // the rest: the broker never blocks on a full pipe
+		exited <- cmd.Wait()            // once every read is done, as Wait wants
+	}()
+	stop = func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		<-exited
+	}
+	select {
+	case addr := <-ready:
+		url = scheme + addr
+		if err := waitConnect(ctx, url, opts...); err != nil {
+			stop()
+			return "", nil, err
+		}
+		return url, stop, nil
+	case err := <-exited:
+		return "", nil, fmt.Errorf("the broker process exited before it was ready: %v", err)
+	case <-ctx.Done():
+		stop()
+		return "", nil, ctx.Err()
+	}
+}
+
+// brokerReady matches the line a broker process prints once it takes
+// connections, and takes its client address.
+var brokerReady = regexp.MustCompile(`^jetfabric broker ready: clients [a-z]+://([^,\s]+)`)
 
 func freeLoopbackPort() int {
 	l, err := net.Listen("tcp", "127.0.0.1:0")

@@ -3,8 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
 	"strings"
 	"testing"
+
+	"github.com/nats-io/nats.go"
 )
 
 // TestBenchScale runs a tiny scaling benchmark: real broker and worker
@@ -39,6 +42,53 @@ func TestBenchScaleRejects(t *testing.T) {
 		code := run(context.Background(), c.args, &stdout, &stderr)
 		if code != 1 || !strings.Contains(stderr.String(), c.mention) {
 			t.Errorf("%v: exit %d, want 1 mentioning %q:\n%s%s", c.args, code, c.mention, stdout.String(), stderr.String())
+		}
+	}
+}
+
+// TestSpawnBroker: a broker process comes up on a port it chose, named
+// by its ready line; one that exits before it is ready (here: no store)
+// fails with an error saying so.
+func TestSpawnBroker(t *testing.T) {
+	t.Setenv("JETFABRIC_TEST_MAIN", "1") // the spawned processes run main
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	dir := t.TempDir()
+	url, stop, err := spawnBroker(ctx, exe, nil, "nats://", func(listen string) []string {
+		return []string{"broker", "--listen", listen, "--http", "", "--store", dir}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatalf("connect to %s: %v", url, err)
+	}
+	if strings.HasSuffix(url, ":4222") || strings.HasSuffix(url, ":-1") {
+		t.Errorf("url %s: not a port the broker chose", url)
+	}
+	nc.Close()
+	stop()
+	_, _, err = spawnBroker(ctx, exe, nil, "nats://", func(listen string) []string {
+		return []string{"broker", "--listen", listen, "--http", ""}
+	})
+	if err == nil || !strings.Contains(err.Error(), "exited before it was ready") {
+		t.Fatalf("a broker that cannot start: %v", err)
+	}
+	for line, want := range map[string]string{
+		"jetfabric broker ready: clients nats://127.0.0.1:40509, monitoring , store /tmp/x": "127.0.0.1:40509",
+		"jetfabric broker ready: clients tls://127.0.0.1:7, monitoring http://x, store s":   "127.0.0.1:7",
+		"jetfabric broker: shutting down":                                                   "",
+	} {
+		got := ""
+		if m := brokerReady.FindStringSubmatch(line); m != nil {
+			got = m[1]
+		}
+		if got != want {
+			t.Errorf("%q: address %q, want %q", line, got, want)
 		}
 	}
 }

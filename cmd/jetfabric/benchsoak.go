@@ -151,13 +151,15 @@ func benchSoak(ctx context.Context, c soakConfig, asJSON bool, stdout io.Writer,
 	}
 	defer os.RemoveAll(dir)
 	var procs []*exec.Cmd
-	defer func() {
+	stopBroker := func() {}
+	defer func() { // the workers, then the broker
 		for _, p := range procs {
 			_ = p.Process.Signal(syscall.SIGKILL)
 		}
 		for _, p := range procs {
 			_ = p.Wait()
 		}
+		stopBroker()
 	}()
 	start := func(args ...string) (*exec.Cmd, error) {
 		cmd := exec.Command(exe, args...)
@@ -169,10 +171,11 @@ func benchSoak(ctx context.Context, c soakConfig, asJSON bool, stdout io.Writer,
 		procs = append(procs, cmd)
 		return cmd, nil
 	}
-	cl, url, err := brokerProcess(ctx, dir, func(args ...string) error { _, err := start(args...); return err })
+	cl, url, stop, err := brokerProcess(ctx, exe, demoWorkerEnv, dir)
 	if err != nil {
 		return err
 	}
+	stopBroker = stop
 	defer cl.Close()
 	worker := func(id, device string, ckpt time.Duration) (*soakProc, error) {
 		mp := freeLoopbackPort()
