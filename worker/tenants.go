@@ -67,6 +67,9 @@ func (w *Worker) watchTenants(ctx context.Context) error {
 					once()
 					continue
 				}
+				if testHookTenantWatch != nil {
+					testHookTenantWatch()
+				}
 				w.noteTenant(e)
 			}
 		}
@@ -79,12 +82,16 @@ func (w *Worker) watchTenants(ctx context.Context) error {
 	}
 }
 
+// testHookTenantWatch, when set (by tests, before a worker starts), runs
+// in the watch of the tenant records before each record it brings.
+var testHookTenantWatch func()
+
 // noteTenant takes a new value of a tenant's record if the fabric's
 // account signed it, for that tenant, no earlier than the record held.
 // Anything else (a deletion, a value written by someone else, an older
 // record) is ignored: the record held stays.
 func (w *Worker) noteTenant(e jetstream.KeyValueEntry) {
-	name := strings.TrimPrefix(e.Key(), "tenant.")
+	name := strings.TrimPrefix(e.Key(), subjects.TenantKey(""))
 	if e.Operation() != jetstream.KeyValuePut {
 		w.logf("worker: tenant record %s deleted; the record held stays (tenants are removed by revoking their credentials)", name)
 		return
@@ -109,12 +116,27 @@ func (w *Worker) noteTenant(e jetstream.KeyValueEntry) {
 	st.rec.Store(&rec)
 }
 
+// tenantLookup bounds the look-up of a record the watch has not brought.
+const tenantLookup = 2 * time.Second
+
 // tenant returns tenant name's state, or a permission error when the
 // fabric has no record of it (deleted, or added without provisioning).
 func (w *Worker) tenant(name string) (*tenantState, *codec.Tenant, error) {
 	w.tn.mu.Lock()
 	st := w.tn.recs[name]
 	w.tn.mu.Unlock()
+	if st == nil {
+		// Provisioned a moment ago, its record may still be on its way
+		// to the watch: look it up.
+		ctx, cancel := context.WithTimeout(w.ctx, tenantLookup)
+		if e, err := w.ctrl.Get(ctx, subjects.TenantKey(name)); err == nil {
+			w.noteTenant(e)
+		}
+		cancel()
+		w.tn.mu.Lock()
+		st = w.tn.recs[name]
+		w.tn.mu.Unlock()
+	}
 	if st == nil {
 		return nil, nil, failf(codec.CodePermission, "tenant %s has no record in %s (provision it: jetfabric tenant add --server)", name, w.names.CtrlBucket())
 	}
