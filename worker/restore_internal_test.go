@@ -14,6 +14,7 @@ import (
 
 	"github.com/jetfabric/jetfabric/broker/brokertest"
 	"github.com/jetfabric/jetfabric/codec"
+	"github.com/jetfabric/jetfabric/internal/poll"
 	"github.com/jetfabric/jetfabric/kernels"
 	"github.com/jetfabric/jetfabric/kernels/cpu"
 	"github.com/jetfabric/jetfabric/subjects"
@@ -281,6 +282,7 @@ func TestLazyReadsYieldToTheLoop(t *testing.T) {
 	var (
 		mu       sync.Mutex
 		started  [n]int
+		stopped  [n]int
 		finished [n]int
 		inRead   = make(chan int, 4*n)
 	)
@@ -305,6 +307,9 @@ func TestLazyReadsYieldToTheLoop(t *testing.T) {
 					mu.Unlock()
 					return nil
 				case <-ctx.Done():
+					mu.Lock()
+					stopped[i]++
+					mu.Unlock()
 					return ctx.Err()
 				}
 			}})
@@ -325,13 +330,18 @@ func TestLazyReadsYieldToTheLoop(t *testing.T) {
 	if err := d.awaitTensor(queue[n-1].t); err != nil {
 		t.Fatal(err)
 	}
-	mu.Lock()
-	for i := range restoreReaders {
-		if started[i] != 1 || finished[i] != 0 {
-			t.Errorf("tensor %d: %d reads started, %d finished while the loop read its own", i, started[i], finished[i])
+	// Their reads were stopped for it (once the loop has its tensor they
+	// may start again: only the stop is certain).
+	poll.Until(t, 20*time.Second, time.Millisecond, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		for i := range restoreReaders {
+			if stopped[i] < 1 || finished[i] != 0 {
+				return fmt.Errorf("tensor %d: %d reads started, %d stopped, %d finished", i, started[i], stopped[i], finished[i])
+			}
 		}
-	}
-	mu.Unlock()
+		return nil
+	})
 	// The readers go on with the tensors put back (each read starts
 	// again); the loop then needs tensor 0, whatever a reader does with it.
 	close(release[0])

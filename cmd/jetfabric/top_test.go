@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/jetfabric/jetfabric/broker/brokertest"
 	"github.com/jetfabric/jetfabric/client"
+	"github.com/jetfabric/jetfabric/internal/poll"
 	"github.com/jetfabric/jetfabric/kernels/cpu"
 	"github.com/jetfabric/jetfabric/worker"
 )
@@ -54,6 +56,14 @@ func TestTopPlain(t *testing.T) {
 	if _, err := x.Float32s(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	// The registry has the ops counted at the device's next heartbeat.
+	poll.Until(t, time.Minute, 20*time.Millisecond, func() error {
+		devs, err := c.Devices(context.Background())
+		if err != nil || len(devs) != 1 || devs[0].Ops != 102 {
+			return fmt.Errorf("devices %+v, %v: want cpu-0 with 102 ops", devs, err)
+		}
+		return nil
+	})
 
 	var stdout, stderr bytes.Buffer
 	args := []string{"top", "--url", b.ClientURL(), "--count", "2", "--interval", "100ms"}
