@@ -24,6 +24,10 @@ type tenants struct {
 	mu     sync.Mutex
 	recs   map[string]*tenantState
 	stores map[string]*objectstore.Store
+	// looked: when a record the watch had not brought was last looked up
+	// (at most once a tenantLookup for a name: a tenant with credentials
+	// and no record cannot make every frame a round trip).
+	looked map[string]time.Time
 }
 
 // tenantState is one tenant's record and use on this worker.
@@ -116,7 +120,8 @@ func (w *Worker) noteTenant(e jetstream.KeyValueEntry) {
 	st.rec.Store(&rec)
 }
 
-// tenantLookup bounds the look-up of a record the watch has not brought.
+// tenantLookup bounds the look-up of a record the watch has not brought,
+// and is the least time between two of one name.
 const tenantLookup = 2 * time.Second
 
 // tenant returns tenant name's state, or a permission error when the
@@ -124,8 +129,15 @@ const tenantLookup = 2 * time.Second
 func (w *Worker) tenant(name string) (*tenantState, *codec.Tenant, error) {
 	w.tn.mu.Lock()
 	st := w.tn.recs[name]
+	lookUp := st == nil && time.Since(w.tn.looked[name]) >= tenantLookup
+	if lookUp {
+		if w.tn.looked == nil {
+			w.tn.looked = map[string]time.Time{}
+		}
+		w.tn.looked[name] = time.Now()
+	}
 	w.tn.mu.Unlock()
-	if st == nil {
+	if lookUp {
 		// Provisioned a moment ago, its record may still be on its way
 		// to the watch: look it up.
 		ctx, cancel := context.WithTimeout(w.ctx, tenantLookup)
