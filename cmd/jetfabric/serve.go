@@ -7,7 +7,9 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/signal"
 	"runtime"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -188,6 +190,9 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	defer stopMetrics()
 	fmt.Fprintf(stdout, "jetfabric worker %s serving %v on %s\n", cfg.ID, w.Devices(), cf.url)
 	<-ctx.Done()
+	// Said once it is so: main's own reset of the signals (when its
+	// context ends) may come after this line.
+	signal.Reset(os.Interrupt, syscall.SIGTERM)
 	fmt.Fprintf(stdout, "jetfabric worker: stopping (each device writes a last checkpoint, within %v; a second signal exits at once)\n", stopTimeout)
 	return shutdown(nil, w)
 }
