@@ -5,10 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -36,16 +40,16 @@ func operatorMode(opts *server.Options, d *tenant.Dir) (*server.MemAccResolver, 
 }
 
 // accountPoll is how often the broker reads the auth directory's account
-// JWT again.
+// JWTs again.
 var accountPoll = time.Second
 
-// watchAccount applies the auth directory's account JWT whenever it
-// changes (tenant.Revoke writes it), until stop is closed: the server
-// takes the new claims, which closes the connections of revoked users and
-// refuses their credentials from then on. A JWT that does not verify is
-// logged and left unapplied; the claims in force stay.
+// watchAccount applies the auth directory's account JWTs whenever one
+// changes or a new one appears (tenant.Add writes a tenant's, tenant.Revoke
+// writes revocations), until stop is closed: the server takes the new
+// claims, which closes the connections of revoked users and refuses their
+// credentials from then on. A directory whose JWTs do not verify is logged
+// and left unapplied; the claims in force stay.
 func (b *Broker) watchAccount(stop <-chan struct{}) {
-	applied := b.auth.Accounts[b.auth.Account]
 	var refused string
 	t := time.NewTicker(accountPoll)
 	defer t.Stop()
@@ -55,35 +59,88 @@ func (b *Broker) watchAccount(stop <-chan struct{}) {
 			return
 		case <-t.C:
 		}
-		tok, ac, err := tenant.Account(b.cfg.AuthDir, b.auth.Operator, b.auth.Account)
+		accounts, err := tenant.Accounts(b.cfg.AuthDir, b.auth.Operator)
+		if err == nil {
+			_, err = b.applyAccounts(slices.Collect(maps.Values(accounts)))
+		}
 		if err != nil {
 			if msg := err.Error(); msg != refused {
 				refused = msg
-				b.srv.Warnf("jetfabric: account JWT of %s not applied: %v", b.cfg.AuthDir, err)
+				b.srv.Warnf("jetfabric: account JWTs of %s not applied: %v", b.cfg.AuthDir, err)
 			}
 			continue
 		}
-		if tok == applied {
-			continue
-		}
-		acc, err := b.srv.LookupAccount(ac.Subject)
-		if err != nil {
-			b.srv.Warnf("jetfabric: account %s: %v", ac.Subject, err)
-			continue
-		}
-		if err := b.resolver.Store(ac.Subject, tok); err != nil {
-			b.srv.Warnf("jetfabric: account %s: %v", ac.Subject, err)
-			continue
-		}
-		b.srv.UpdateAccountClaims(acc, ac)
-		applied, refused = tok, ""
-		b.reloads.Add(1)
-		b.srv.Noticef("jetfabric: account JWT of %s applied: %d revoked keys", b.cfg.AuthDir, len(ac.Revocations))
+		refused = ""
 	}
 }
 
-// AccountReloads is how many times the broker has applied a changed
-// account JWT from its auth directory (see tenant.Revoke).
+// applyAccounts applies the account JWTs toks, each signed by the
+// operator: an account's JWT that differs from the one in force goes into
+// the resolver and the server takes its claims. It returns how many it
+// applied; a JWT that is not the operator's is an error, after the others
+// are applied.
+func (b *Broker) applyAccounts(toks []string) (int, error) {
+	b.accMu.Lock()
+	defer b.accMu.Unlock()
+	n := 0
+	var errs []error
+	for _, tok := range toks {
+		ac, err := jwt.DecodeAccountClaims(tok)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if ac.Issuer != b.auth.Operator.Subject {
+			errs = append(errs, fmt.Errorf("account %s (%s): not signed by the operator", ac.Name, ac.Subject))
+			continue
+		}
+		pub := ac.Subject
+		if b.applied[pub] == tok {
+			continue
+		}
+		if err := b.resolver.Store(pub, tok); err != nil {
+			errs = append(errs, fmt.Errorf("account %s: %w", pub, err))
+			continue
+		}
+		acc, err := b.srv.LookupAccount(pub)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("account %s: %w", pub, err))
+			continue
+		}
+		b.srv.UpdateAccountClaims(acc, ac)
+		b.applied[pub] = tok
+		b.reloads.Add(1)
+		n++
+		b.srv.Noticef("jetfabric: account JWT %s (%s) applied: %d revoked keys", ac.Name, pub, len(ac.Revocations))
+	}
+	return n, errors.Join(errs...)
+}
+
+// serveAccounts applies the account JWTs that the service user sends on
+// names.ServiceAccounts (jetfabric tenant add --url: one JWT a line), so
+// that a tenant added while the broker runs can connect at once instead
+// of after the next read of the directory; it answers how many it applied,
+// or the error. Every node of a cluster applies them.
+func (b *Broker) serveAccounts(nc *nats.Conn) error {
+	_, err := nc.Subscribe(b.names.ServiceAccounts(), func(m *nats.Msg) {
+		n, err := b.applyAccounts(strings.Fields(string(m.Data)))
+		if err != nil {
+			h := nats.Header{}
+			h.Set("Nats-Service-Error", err.Error())
+			h.Set("Nats-Service-Error-Code", "400")
+			_ = m.RespondMsg(&nats.Msg{Header: h})
+			return
+		}
+		_ = m.Respond([]byte(strconv.Itoa(n)))
+	})
+	if err != nil {
+		return fmt.Errorf("broker: serve %s: %w", b.names.ServiceAccounts(), err)
+	}
+	return nil
+}
+
+// AccountReloads is how many times the broker has applied a changed or new
+// account JWT from its auth directory (see tenant.Add and tenant.Revoke).
 func (b *Broker) AccountReloads() uint64 { return b.reloads.Load() }
 
 // violations counts what the server reports of refused clients: its log
@@ -140,7 +197,8 @@ func (v *violations) Errorf(format string, a ...any) {
 
 // serveRegistry answers the registry requests of tenants, who may not
 // read the control bucket's stream, with every device's entry, until the
-// connection closes. The nodes of a cluster share the queue group: one
+// connection closes; the same connection serves the accounts service
+// (serveAccounts). The nodes of a cluster share the queue group: one
 // answers.
 func (b *Broker) serveRegistry() error {
 	nc, err := b.Connect(nats.Name("jetfabric-registry"))
@@ -171,6 +229,10 @@ func (b *Broker) serveRegistry() error {
 	if err != nil {
 		nc.Close()
 		return fmt.Errorf("broker: serve %s: %w", b.names.ServiceRegistry(), err)
+	}
+	if err := b.serveAccounts(nc); err != nil {
+		nc.Close()
+		return err
 	}
 	b.mu.Lock()
 	b.registryConn = nc

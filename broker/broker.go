@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/url"
 	"sync"
 	"sync/atomic"
@@ -32,6 +33,9 @@ type Broker struct {
 	// account JWTs applied after start (see watchAccount).
 	resolver *server.MemAccResolver
 	reloads  atomic.Uint64
+	// accMu guards applied, the account JWTs in force by public key.
+	accMu   sync.Mutex
+	applied map[string]string
 
 	mu       sync.Mutex
 	shutdown bool
@@ -89,6 +93,7 @@ func New(cfg Config) (*Broker, error) {
 	}
 	b := &Broker{cfg: cfg, names: names, srv: srv, tls: opts.TLSConfig != nil, auth: auth, resolver: res}
 	if auth != nil {
+		b.applied = maps.Clone(auth.Accounts)
 		b.viol = &violations{inner: srv.Logger()}
 		srv.SetLogger(b.viol, false, false)
 	}

@@ -203,6 +203,11 @@ func TenantObject(tenant, name string) string {
 // may not read the control bucket's stream.
 func (n Names) ServiceRegistry() string { return n.prefix + ".svc.registry" }
 
+// ServiceAccounts is the request subject on which the broker of a fabric
+// with tenants takes account JWTs from the service user and applies them
+// at once (a tenant added while it runs): fabric.svc.accounts.
+func (n Names) ServiceAccounts() string { return n.prefix + ".svc.accounts" }
+
 // DirectGet is the subject of a JetStream direct get of the last message
 // on subject in stream, in the form whose subject permissions can check:
 // $JS.API.DIRECT.GET.<stream>.<subject>.

@@ -18,9 +18,10 @@ var ErrRecord = errors.New("tenant: not a valid tenant record")
 // A tenant's record travels signed: a JWT issued by the fabric's account
 // key, its subject the tenant's name, its claim "nats" holding the record
 // under "tenant". Workers accept only records the account signed, so a
-// value written into the control bucket by anyone else (a tenant can make
-// the server answer a request into any literal subject of the account, the
-// record's key included) changes nothing.
+// value written into the control bucket by anyone else changes nothing:
+// tenants cannot write there (their accounts import nothing of it, and the
+// server's answers to their requests stay in their accounts), and a
+// directory made before tenants had accounts of their own let them.
 
 // SignRecord signs rec with the account key pair acc.
 func SignRecord(acc nkeys.KeyPair, rec codec.Tenant) (string, error) {

@@ -150,11 +150,17 @@ func userCreds(acc nkeys.KeyPair, name string, perms *jwt.Permissions, expires t
 	return creds, upub, nil
 }
 
-// Add makes tenant rec.Name in dir: its record and its creds file, whose
-// JWT carries Permissions(names, name) and expires at rec.Expires (zero:
-// never). It returns the creds file's path. A tenant that exists is
-// refused (ErrExists) unless replace is set (new credentials and quotas;
-// the old credentials stay valid until they expire).
+// Add makes tenant rec.Name in dir: its account, its record and its
+// creds file. The tenant's account (tenants/<name>.acc.jwt, signed by the
+// operator) imports from the fabric's account what Imports(names, name)
+// lists, and nothing else; its user's JWT carries Permissions(names, name)
+// and expires at rec.Expires (zero: never). The fabric's account JWT gets
+// the exports the import needs (Exports), signed again with the operator
+// key if it lacked them. Every answer the server sends a tenant's request,
+// to whatever reply subject it names, is published in the tenant's own
+// account. It returns the creds file's path. A tenant that exists is
+// refused (ErrExists) unless replace is set (new credentials and quotas,
+// the same account; the old credentials stay valid until they expire).
 func Add(dir string, names subjects.Names, rec codec.Tenant, replace bool) (string, error) {
 	if err := subjects.ValidateTenant(rec.Name); err != nil {
 		return "", fmt.Errorf("tenant: %w", err)
@@ -174,8 +180,20 @@ func Add(dir string, names subjects.Names, rec codec.Tenant, replace bool) (stri
 	if err != nil {
 		return "", fmt.Errorf("tenant: %s: %w", accountSeed, err)
 	}
+	op, err := operatorKey(dir)
+	if err != nil {
+		return "", err
+	}
+	fabric, err := exportsFor(dir, op, names)
+	if err != nil {
+		return "", err
+	}
+	tacc, err := tenantAccount(dir, op, names, rec.Name, fabric)
+	if err != nil {
+		return "", err
+	}
 	perms := Permissions(names, rec.Name)
-	creds, upub, err := userCreds(acc, rec.Name, &perms, rec.Expires)
+	creds, upub, err := userCreds(tacc, rec.Name, &perms, rec.Expires)
 	if err != nil {
 		return "", err
 	}
@@ -218,10 +236,115 @@ func Add(dir string, names subjects.Names, rec codec.Tenant, replace bool) (stri
 
 func keysPath(dir, name string) string { return filepath.Join(dir, tenantsDir, name+".keys") }
 
+// accountPath is the path of tenant name's account JWT in dir, and of
+// its seed with ext ".nk".
+func accountPath(dir, name, ext string) string {
+	return filepath.Join(dir, tenantsDir, name+".acc"+ext)
+}
+
+// operatorKey reads the operator's key pair of dir.
+func operatorKey(dir string) (nkeys.KeyPair, error) {
+	seed, err := os.ReadFile(filepath.Join(dir, operatorSeed))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrNoDir, dir, err)
+	}
+	op, err := nkeys.FromSeed(seed)
+	if err != nil {
+		return nil, fmt.Errorf("tenant: %s: %w", operatorSeed, err)
+	}
+	return op, nil
+}
+
+// exportsFor makes sure the fabric's account JWT of dir exports what the
+// tenants' accounts import for names, signing it again with op if it did
+// not, and returns the account's public key.
+func exportsFor(dir string, op nkeys.KeyPair, names subjects.Names) (string, error) {
+	tok, err := readJWT(dir, accountJWT)
+	if err != nil {
+		return "", err
+	}
+	ac, err := jwt.DecodeAccountClaims(tok)
+	if err != nil {
+		return "", fmt.Errorf("tenant: %s: %w", accountJWT, err)
+	}
+	if hasExports(ac, names) {
+		return ac.Subject, nil
+	}
+	for _, e := range Exports(names) {
+		if !slices.ContainsFunc(ac.Exports, func(x *jwt.Export) bool { return x.Subject == e.Subject && x.Type == e.Type }) {
+			ac.Exports.Add(e)
+		}
+	}
+	if err := writeAccount(filepath.Join(dir, accountJWT), ac, op); err != nil {
+		return "", err
+	}
+	return ac.Subject, nil
+}
+
+// tenantAccount makes or updates tenant name's account in dir: its key
+// (kept from an earlier Add) and its JWT, signed by op, importing from the
+// fabric's account what Imports lists and keeping the revocations it had.
+// It returns the account's key pair, which signs the tenant's users.
+func tenantAccount(dir string, op nkeys.KeyPair, names subjects.Names, name, fabric string) (nkeys.KeyPair, error) {
+	if err := os.MkdirAll(filepath.Join(dir, tenantsDir), 0o700); err != nil {
+		return nil, fmt.Errorf("tenant: %w", err)
+	}
+	var kp nkeys.KeyPair
+	seed, err := os.ReadFile(accountPath(dir, name, ".nk"))
+	switch {
+	case err == nil:
+		if kp, err = nkeys.FromSeed(seed); err != nil {
+			return nil, fmt.Errorf("tenant: %s: %w", accountPath(dir, name, ".nk"), err)
+		}
+	case errors.Is(err, os.ErrNotExist):
+		if kp, err = nkeys.CreateAccount(); err != nil {
+			return nil, fmt.Errorf("tenant: account key: %w", err)
+		}
+		if err := os.WriteFile(accountPath(dir, name, ".nk"), seedOf(kp), 0o600); err != nil {
+			return nil, fmt.Errorf("tenant: %w", err)
+		}
+	default:
+		return nil, fmt.Errorf("tenant: %w", err)
+	}
+	pub, _ := kp.PublicKey()
+	ac := jwt.NewAccountClaims(pub)
+	if b, err := os.ReadFile(accountPath(dir, name, ".jwt")); err == nil {
+		if old, err := jwt.DecodeAccountClaims(strings.TrimSpace(string(b))); err == nil && old.Subject == pub {
+			ac.Revocations = old.Revocations
+		}
+	}
+	ac.Name = name
+	ac.Imports = Imports(names, name, fabric)
+	if err := writeAccount(accountPath(dir, name, ".jwt"), ac, op); err != nil {
+		return nil, err
+	}
+	return kp, nil
+}
+
+// writeAccount signs ac with op and writes it to path: whole, then renamed
+// over the old file, so that a broker polling the file never reads half of
+// it.
+func writeAccount(path string, ac *jwt.AccountClaims, op nkeys.KeyPair) error {
+	tok, err := ac.Encode(op)
+	if err != nil {
+		return fmt.Errorf("tenant: account jwt %s: %w", filepath.Base(path), err)
+	}
+	tmp := path + ".new"
+	if err := os.WriteFile(tmp, []byte(tok), 0o644); err != nil {
+		return fmt.Errorf("tenant: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("tenant: %w", err)
+	}
+	return nil
+}
+
 // Revoke revokes every credential Add has made for tenant name in dir up
-// to now: their user keys go into the revocations of the fabric's account,
-// whose JWT is signed again with the operator key. A broker serving dir
-// reads the new JWT within a second (it polls the file), closes the
+// to now: their user keys go into the revocations of the tenant's account
+// (and of the fabric's, which signed the users of directories made before
+// tenants had accounts of their own), whose JWTs are signed again with the
+// operator key. A broker serving dir reads the new JWTs within a second
+// (it polls the files), closes the
 // tenant's connections and refuses those credentials from then on; the
 // tenant's record, bucket and sessions stay (its sessions are freed once
 // idle), and Add with replace gives it new credentials. It returns how
@@ -260,49 +383,60 @@ func Revoke(dir, name string) (int, error) {
 	if len(keys) == 0 {
 		return 0, fmt.Errorf("%w: %s has no credentials of tenant %s", ErrNone, dir, name)
 	}
-	opSeed, err := os.ReadFile(filepath.Join(dir, operatorSeed))
+	op, err := operatorKey(dir)
 	if err != nil {
-		return 0, fmt.Errorf("%w: %s: %v", ErrNoDir, dir, err)
+		return 0, err
 	}
-	op, err := nkeys.FromSeed(opSeed)
-	if err != nil {
-		return 0, fmt.Errorf("tenant: %s: %w", operatorSeed, err)
-	}
-	ac, err := jwt.DecodeAccountClaims(d.Accounts[d.Account])
-	if err != nil {
-		return 0, fmt.Errorf("tenant: %s: %w", accountJWT, err)
-	}
-	now := time.Now()
 	for _, k := range keys {
 		if !nkeys.IsValidPublicUserKey(k) {
 			return 0, fmt.Errorf("tenant: %s: %q is not a user key", keysPath(dir, name), k)
 		}
-		ac.RevokeAt(k, now)
 	}
-	tok, err := ac.Encode(op)
-	if err != nil {
-		return 0, fmt.Errorf("tenant: account jwt: %w", err)
+	// The tenant's account signs its users; the fabric's account signed
+	// those of a directory made before tenants had accounts of their own.
+	paths := []string{filepath.Join(dir, accountJWT)}
+	if _, err := os.Stat(accountPath(dir, name, ".jwt")); err == nil {
+		paths = append(paths, accountPath(dir, name, ".jwt"))
 	}
-	// Written whole, then renamed over the old one: a broker polling the
-	// file never reads half of it.
-	tmp := filepath.Join(dir, accountJWT+".new")
-	if err := os.WriteFile(tmp, []byte(tok), 0o644); err != nil {
-		return 0, fmt.Errorf("tenant: %w", err)
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, accountJWT)); err != nil {
-		return 0, fmt.Errorf("tenant: %w", err)
+	now := time.Now()
+	for _, path := range paths {
+		_, ac, err := readAccount(filepath.Dir(path), filepath.Base(path), d.Operator)
+		if err != nil {
+			return 0, err
+		}
+		for _, k := range keys {
+			ac.RevokeAt(k, now)
+		}
+		if err := writeAccount(path, ac, op); err != nil {
+			return 0, err
+		}
 	}
 	return len(keys), nil
 }
 
-// Account reads the fabric's account JWT of dir, checked to be signed by
-// operator and to be the account with public key pub.
-func Account(dir string, operator *jwt.OperatorClaims, pub string) (string, *jwt.AccountClaims, error) {
-	tok, ac, err := readAccount(dir, accountJWT, operator)
-	if err == nil && ac.Subject != pub {
-		err = fmt.Errorf("tenant: %s is the JWT of account %s, not %s", accountJWT, ac.Subject, pub)
+// Accounts reads every account JWT of dir (the fabric's, the system
+// account's, each tenant's), each checked to be signed by operator, and
+// returns them by public key.
+func Accounts(dir string, operator *jwt.OperatorClaims) (map[string]string, error) {
+	files := []string{accountJWT, sysJWT}
+	entries, err := os.ReadDir(filepath.Join(dir, tenantsDir))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("tenant: %w", err)
 	}
-	return tok, ac, err
+	for _, e := range entries {
+		if strings.HasSuffix(e.Name(), ".acc.jwt") {
+			files = append(files, filepath.Join(tenantsDir, e.Name()))
+		}
+	}
+	accounts := map[string]string{}
+	for _, f := range files {
+		tok, ac, err := readAccount(dir, f, operator)
+		if err != nil {
+			return nil, err
+		}
+		accounts[ac.Subject] = tok
+	}
+	return accounts, nil
 }
 
 // readJWT reads the JWT in file name of auth directory dir.
@@ -335,8 +469,8 @@ func readAccount(dir, name string, operator *jwt.OperatorClaims) (string, *jwt.A
 type Dir struct {
 	// Operator is the operator's JWT, decoded.
 	Operator *jwt.OperatorClaims
-	// Accounts maps account public keys to their JWTs (the fabric's and
-	// the system account), for a memory resolver.
+	// Accounts maps account public keys to their JWTs (the fabric's, the
+	// system account's and the tenants'), for a memory resolver.
 	Accounts map[string]string
 	// Account and System are the public keys of the fabric's account and
 	// the system account.
@@ -360,17 +494,19 @@ func Load(dir string) (*Dir, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tenant: %s: %w", operatorJWT, err)
 	}
-	d := &Dir{Operator: op, Accounts: map[string]string{}, Signed: map[string]string{}}
+	d := &Dir{Operator: op, Signed: map[string]string{}}
 	for _, f := range []struct {
 		name string
 		pub  *string
 	}{{accountJWT, &d.Account}, {sysJWT, &d.System}} {
-		tok, ac, err := readAccount(dir, f.name, op)
+		_, ac, err := readAccount(dir, f.name, op)
 		if err != nil {
 			return nil, err
 		}
 		*f.pub = ac.Subject
-		d.Accounts[ac.Subject] = tok
+	}
+	if d.Accounts, err = Accounts(dir, op); err != nil {
+		return nil, err
 	}
 	creds, err := os.ReadFile(ServiceCreds(dir))
 	if err != nil {

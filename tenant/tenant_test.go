@@ -69,9 +69,37 @@ func TestDirectory(t *testing.T) {
 	if len(d.Tenants) != 1 || d.Tenants[0].Sessions != 4 || d.Signed["acme"] == "" {
 		t.Errorf("loaded tenants %+v", d.Tenants)
 	}
+	// acme's user is signed by an account of its own, which the operator
+	// signed and which imports acme's subjects from the fabric's account,
+	// nobody else's; the fabric's account exports them.
 	issuer, err := tenant.Issuer(creds)
-	if err != nil || issuer != d.Account {
-		t.Errorf("issuer %s of acme's creds, account %s: %v", issuer, d.Account, err)
+	if err != nil || issuer == d.Account || d.Accounts[issuer] == "" {
+		t.Fatalf("issuer %s of acme's creds (fabric %s, accounts %v): %v", issuer, d.Account, d.Accounts, err)
+	}
+	ac, err := jwt.DecodeAccountClaims(d.Accounts[issuer])
+	if err != nil || ac.Issuer != d.Operator.Subject || ac.Name != "acme" || len(ac.Imports) == 0 {
+		t.Fatalf("acme's account %+v: %v", ac, err)
+	}
+	for _, im := range ac.Imports {
+		if im.Account != d.Account || !strings.Contains(string(im.Subject), "acme") && !strings.Contains(string(im.Subject), "device") &&
+			!strings.HasPrefix(string(im.Subject), "fabric.svc.") && string(im.Subject) != "fabric.telemetry.*" {
+			t.Errorf("acme imports %s from %s", im.Subject, im.Account)
+		}
+	}
+	fc, err := jwt.DecodeAccountClaims(d.Accounts[d.Account])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var vr jwt.ValidationResults
+	fc.Validate(&vr)
+	ac.Validate(&vr)
+	if len(vr.Issues) != 0 {
+		t.Errorf("account JWTs: %v", vr.Issues)
+	}
+	for _, im := range ac.Imports {
+		if !slices.ContainsFunc(fc.Exports, func(e *jwt.Export) bool { return e.Type == im.Type && im.Subject.IsContainedIn(e.Subject) }) {
+			t.Errorf("acme imports %s %s, which the fabric's account does not export", im.Type, im.Subject)
+		}
 	}
 	if rec, _, err := tenant.VerifyRecord([]byte(d.Signed["acme"]), d.Account, "acme"); err != nil || rec.Sessions != 4 {
 		t.Errorf("acme's signed record: %+v %v", rec, err)
@@ -170,41 +198,86 @@ func TestRevoke(t *testing.T) {
 	if n, err := tenant.Revoke(dir, "acme"); err != nil || n != 2 {
 		t.Fatalf("revoke acme: %d keys, %v", n, err)
 	}
-	tok, ac, err := tenant.Account(dir, d0.Operator, d0.Account)
+	accounts, err := tenant.Accounts(dir, d0.Operator)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tok == d0.Accounts[d0.Account] {
-		t.Error("the account JWT did not change")
+	// acme's users are signed by acme's own account, which keeps its key
+	// when its credentials are replaced; the fabric's account revokes the
+	// keys too (it signed the users of older directories).
+	acmeAcc, bobAcc := issuerOf(t, dir, "acme"), issuerOf(t, dir, "bob")
+	if acmeAcc == d0.Account || acmeAcc == bobAcc {
+		t.Fatalf("acme's users are signed by %s (fabric %s, bob %s)", acmeAcc, d0.Account, bobAcc)
 	}
-	for _, k := range acme {
-		if _, ok := ac.Revocations[k]; !ok {
-			t.Errorf("acme's key %s is not revoked: %v", k, ac.Revocations)
+	for _, acc := range []string{acmeAcc, d0.Account} {
+		if accounts[acc] == d0.Accounts[acc] {
+			t.Errorf("the JWT of account %s did not change", acc)
+		}
+		ac, err := jwt.DecodeAccountClaims(accounts[acc])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range acme {
+			if _, ok := ac.Revocations[k]; !ok {
+				t.Errorf("acme's key %s is not revoked by %s: %v", k, acc, ac.Revocations)
+			}
+		}
+		if _, ok := ac.Revocations[bob]; ok || len(ac.Revocations) != 2 {
+			t.Errorf("revocations %v: want acme's two keys only", ac.Revocations)
 		}
 	}
-	if _, ok := ac.Revocations[bob]; ok || len(ac.Revocations) != 2 {
-		t.Errorf("revocations %v: want acme's two keys only", ac.Revocations)
+	if accounts[bobAcc] != d0.Accounts[bobAcc] {
+		t.Error("bob's account JWT changed")
 	}
-	// The directory still loads, and Account refuses what is not the
-	// account's JWT signed by the operator.
+	// The directory still loads, and Accounts refuses a JWT that is not
+	// signed by the operator.
 	d, err := tenant.Load(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := tenant.Account(dir, d.Operator, "ACCOUNT"); err == nil {
-		t.Error("Account took the JWT of another account")
+	ac, err := jwt.DecodeAccountClaims(accounts[acmeAcc])
+	if err != nil {
+		t.Fatal(err)
 	}
 	op, _ := nkeys.CreateOperator()
 	forged, err := ac.Encode(op)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, bad := range []string{"junk", forged} {
-		if err := os.WriteFile(filepath.Join(dir, "account.jwt"), []byte(bad), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if _, _, err := tenant.Account(dir, d.Operator, d.Account); err == nil {
-			t.Errorf("Account took %.20q", bad)
+	for _, f := range []string{"account.jwt", "tenants/acme.acc.jwt"} {
+		for _, bad := range []string{"junk", forged} {
+			path := filepath.Join(dir, f)
+			good, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(path, []byte(bad), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tenant.Accounts(dir, d.Operator); err == nil {
+				t.Errorf("Accounts took %.20q in %s", bad, f)
+			}
+			if err := os.WriteFile(path, good, 0o644); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
+}
+
+// issuerOf is the account that signed tenant name's user in dir.
+func issuerOf(t *testing.T, dir, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(tenant.CredsPath(dir, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, _, err := tenant.ParseCreds(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	uc, err := jwt.DecodeUserClaims(tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return uc.Issuer
 }

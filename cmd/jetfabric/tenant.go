@@ -6,7 +6,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -145,6 +147,17 @@ func runTenant(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
+	// The tenant's account, and the fabric's with its exports, in force
+	// on the broker now: its credentials work at once.
+	resp, err := nc.RequestWithContext(pctx, names.ServiceAccounts(), []byte(strings.Join(slices.Collect(maps.Values(d.Accounts)), "\n")))
+	if err == nil {
+		if msg := resp.Header.Get("Nats-Service-Error"); msg != "" {
+			err = errors.New(msg)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("provision on %s: the accounts: %w", *url, err)
+	}
 	p := broker.DefaultProvision()
 	if err := broker.ProvisionTenant(pctx, js, names, p, rec, d.Signed[name]); err != nil {
 		return err

@@ -9,15 +9,19 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 
 	"github.com/jetfabric/jetfabric/broker"
 	"github.com/jetfabric/jetfabric/broker/brokertest"
@@ -124,7 +128,7 @@ func TestTenants(t *testing.T) {
 		t.Fatalf("tenant %q", alice.Tenant())
 	}
 	v0 := f.b.Violations()
-	small0, large0, _, err := aliceProgram(ctx, alice)
+	small0, large0, sid0, err := aliceProgram(ctx, alice)
 	if err != nil {
 		t.Fatalf("alice alone: %v\nworker:\n%s", err, f.worker.String())
 	}
@@ -137,7 +141,8 @@ func TestTenants(t *testing.T) {
 	t.Run("jobs", func(t *testing.T) { testTenantJobs(t, f, alice) })
 	t.Run("graphs", func(t *testing.T) { testTenantGraphs(t, f, alice) })
 	t.Run("transfers", func(t *testing.T) { testTenantTransfers(t, f, alice) })
-	t.Run("forged records", func(t *testing.T) { testForgedRecords(t, f, alice, small0, large0) })
+	aliceOps := "fabric.t.alice.ops.cpu-0." + sid0
+	t.Run("server answers", func(t *testing.T) { testServerAnswers(t, f, alice, aliceOps, small0, large0) })
 	t.Run("revoke", func(t *testing.T) { testRevoke(t, f, alice) })
 }
 
@@ -181,8 +186,9 @@ func testRevoke(t *testing.T, f *tenantFabric, alice *client.Client) {
 		t.Fatal("a revoked tenant's connection stayed open")
 	}
 	poll.Until(t, 10*time.Second, 10*time.Millisecond, func() error {
-		if n := f.b.AccountReloads() - r0; n != 1 {
-			return fmt.Errorf("account JWT applied %d times, want 1", n)
+		// gone's account and the fabric's (older directories' users).
+		if n := f.b.AccountReloads() - r0; n != 2 {
+			return fmt.Errorf("account JWTs applied %d times, want 2", n)
 		}
 		return nil
 	})
@@ -224,14 +230,16 @@ func testRevoke(t *testing.T, f *tenantFabric, alice *client.Client) {
 	}
 }
 
-// testForgedRecords: a tenant cannot subscribe to or publish into the
-// control bucket, but it can have the server answer a request into any
-// literal subject of the account, the tenant records' keys included: a
-// direct get of a message it stored in its own bucket, answered into
-// $KV.FABRIC_CTRL.tenant.<name>. Workers take only records the fabric's
-// account signed, and ignore deletions: the forged quota-free record and
-// the forged deletion of alice's record change nothing.
-func testForgedRecords(t *testing.T, f *tenantFabric, alice *client.Client, small0, large0 []byte) {
+// testServerAnswers: a NATS client may name any reply subject, and the
+// server answers its requests there (a JetStream publish's ack, the
+// JetStream API, a direct get) without checking the requester's
+// permissions. Each tenant has an account of its own: whatever subject a
+// tenant names, the server's answer is published in the tenant's account,
+// never in the fabric's. A user of quota's own account with no limits
+// sees every forged answer arrive there, while the fabric's account sees
+// none on the subjects they named (alice's record, a lease key, alice's
+// frames, alice's graphs), and nothing of the fabric changes.
+func testServerAnswers(t *testing.T, f *tenantFabric, alice *client.Client, aliceOps string, small0, large0 []byte) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	q := f.connect(t, "quota")
@@ -240,35 +248,143 @@ func testForgedRecords(t *testing.T, f *tenantFabric, alice *client.Client, smal
 	if _, err := js.Publish(ctx, "$O.FABRIC_XFER_quota.C.forged", []byte(`{"name":"quota"}`)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: "$O.FABRIC_XFER_quota.C.del", Header: nats.Header{"KV-Operation": []string{"DEL"}}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.PublishRequest("$JS.API.DIRECT.GET.OBJ_FABRIC_XFER_quota.$O.FABRIC_XFER_quota.C.forged", "$KV.FABRIC_CTRL.tenant.quota", nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.PublishRequest("$JS.API.DIRECT.GET.OBJ_FABRIC_XFER_quota.$O.FABRIC_XFER_quota.C.del", "$KV.FABRIC_CTRL.tenant.alice", nil); err != nil {
-		t.Fatal(err)
-	}
-	// The forgeries reached the bucket; the worker saw and ignored them.
-	poll.Until(t, 30*time.Second, 20*time.Millisecond, func() error {
-		out := f.worker.String()
-		if !strings.Contains(out, "tenant record quota at revision") || !strings.Contains(out, "tenant record alice deleted") {
-			return fmt.Errorf("the worker has not seen the forged records:\n%s", out)
+	targets := []string{"$KV.FABRIC_CTRL.tenant.alice", "$KV.FABRIC_CTRL.lease.forged-0", aliceOps, "$KV.FABRIC_GRAPHS.t.alice.forged"}
+	// What the fabric's account receives on those subjects.
+	svc := f.connect(t, "service")
+	fabricSaw := make(chan *nats.Msg, 64)
+	for _, subj := range targets {
+		if _, err := svc.Conn().ChanSubscribe(subj, fabricSaw); err != nil {
+			t.Fatal(err)
 		}
-		return nil
-	})
+	}
+	sjs, _ := jetstream.New(svc.Conn())
+	ctrl, err := sjs.KeyValue(ctx, "FABRIC_CTRL")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec0, err := ctrl.Get(ctx, "tenant.alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops, err := sjs.Stream(ctx, "FABRIC_OPS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	frame0, err := ops.GetLastMsgForSubject(ctx, aliceOps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What quota's own account receives on them.
+	observer := accountUser(t, f, "quota")
+	quotaSaw, err := observer.SubscribeSync(">")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := observer.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.Conn().Flush(); err != nil {
+		t.Fatal(err)
+	}
+	requests := []struct {
+		subject string
+		data    []byte
+	}{
+		{"fabric.t.quota.ops.cpu-0.forged", []byte("not a frame")}, // stored in FABRIC_OPS, acknowledged
+		{"$JS.API.STREAM.INFO.OBJ_FABRIC_XFER_quota", nil},
+		{"$JS.API.DIRECT.GET.KV_FABRIC_CTRL.$KV.FABRIC_CTRL.tenant.quota", nil},
+		{"$JS.API.DIRECT.GET.OBJ_FABRIC_XFER_quota.$O.FABRIC_XFER_quota.C.forged", nil},
+	}
+	for _, r := range requests {
+		for _, reply := range targets {
+			if err := nc.PublishMsg(&nats.Msg{Subject: r.subject, Reply: reply, Data: r.data}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	want := len(requests) * len(targets)
+	got := map[string]int{}
+	for n := 0; n < want; {
+		m, err := quotaSaw.NextMsgWithContext(ctx)
+		if err != nil {
+			t.Fatalf("quota's account received %d of the %d answers %v: %v", n, want, got, err)
+		}
+		if slices.Contains(targets, m.Subject) {
+			got[m.Subject]++
+			n++
+		}
+	}
+	if n := len(fabricSaw); n != 0 {
+		m := <-fabricSaw
+		t.Errorf("the fabric's account received %d forged answers, the first on %s: %q", n, m.Subject, m.Data)
+	}
+	if rec, err := ctrl.Get(ctx, "tenant.alice"); err != nil || rec.Revision() != rec0.Revision() {
+		t.Errorf("alice's record after the forged answers: %v", err)
+	}
+	for _, key := range []string{"lease.forged-0"} {
+		if _, err := ctrl.Get(ctx, key); !errors.Is(err, jetstream.ErrKeyNotFound) {
+			t.Errorf("control key %s after the forged answers: %v", key, err)
+		}
+	}
+	if frame, err := ops.GetLastMsgForSubject(ctx, aliceOps); err != nil || frame.Sequence != frame0.Sequence {
+		t.Errorf("alice's frames after the forged answers: %v", err)
+	}
+	graphs, err := sjs.KeyValue(ctx, "FABRIC_GRAPHS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := graphs.Get(ctx, "t.alice.forged"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Errorf("alice's graph key after the forged answers: %v", err)
+	}
+	// quota's quota holds; alice's results are what they were.
 	s1, err := q.Open(ctx, "cpu-0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := s1.Sync(ctx); !isCode(err, codec.CodeQuota, "session quota") {
-		t.Errorf("quota's session quota after its forged record: %v", err)
+		t.Errorf("quota's session quota after its forged answers: %v", err)
 	}
 	small, large, _, err := aliceProgram(ctx, alice)
 	if err != nil || !bytes.Equal(small, small0) || !bytes.Equal(large, large0) {
-		t.Errorf("alice after the forged deletion of her record: %v", err)
+		t.Errorf("alice after quota's forged answers: %v", err)
 	}
 	testServiceReplies(t, f, nc)
+}
+
+// accountUser connects a user of tenant name's own account with no
+// permission limits, minted with the account's key from the auth
+// directory: it sees everything published in that account.
+func accountUser(t *testing.T, f *tenantFabric, name string) *nats.Conn {
+	t.Helper()
+	seed, err := os.ReadFile(filepath.Join(f.dir, "tenants", name+".acc.nk"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	acc, err := nkeys.FromSeed(seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, _ := nkeys.CreateUser()
+	upub, _ := u.PublicKey()
+	tok, err := jwt.NewUserClaims(upub).Encode(acc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	useed, _ := u.Seed()
+	creds, err := jwt.FormatUserConfig(tok, useed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "observer.creds")
+	if err := os.WriteFile(path, creds, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(f.url, nats.UserCredentials(path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
 }
 
 // testServiceReplies: the fabric's own services (a device's info and
@@ -815,6 +931,7 @@ func TestTenantCommand(t *testing.T) {
 	defer c.Close()
 	cctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
+	testAccountsService(cctx, t, dir, b, c)
 	// The tenant lists the registry through its filtered consumer.
 	poll.Until(t, time.Minute, 50*time.Millisecond, func() error {
 		devs, err := c.Devices(cctx)
@@ -839,6 +956,57 @@ func TestTenantCommand(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "maximum bytes") {
 		t.Errorf("a 4 MiB upload into a 2 MiB tenant bucket: %v", err)
 	}
+}
+
+// testAccountsService: the broker's accounts service applies only
+// account JWTs its operator signed, and only the service user may call it.
+func testAccountsService(ctx context.Context, t *testing.T, dir string, b *broker.Broker, tenantClient *client.Client) {
+	d, err := tenant.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(b.ClientURL(), broker.ServiceUser(d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ask := func(body string) (string, error) {
+		m, err := nc.RequestWithContext(ctx, "fabric.svc.accounts", []byte(body))
+		if err != nil {
+			return "", err
+		}
+		if e := m.Header.Get("Nats-Service-Error"); e != "" {
+			return "", errors.New(e)
+		}
+		return string(m.Data), nil
+	}
+	if n, err := ask(d.Accounts[d.Account]); err != nil || n != "0" {
+		t.Errorf("the fabric's account JWT in force, again: %q %v", n, err)
+	}
+	ac, err := jwt.DecodeAccountClaims(d.Accounts[d.Account])
+	if err != nil {
+		t.Fatal(err)
+	}
+	op, _ := nkeys.CreateOperator()
+	foreign, _ := ac.Encode(op)
+	for _, bad := range []struct{ body, want string }{
+		{"junk", "expected 3 chunks"},
+		{foreign, "not signed by the operator"},
+	} {
+		if n, err := ask(bad.body); err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("accounts service given %.24q: %q %v, want an error with %q", bad.body, n, err, bad.want)
+		}
+	}
+	// A tenant may not call it.
+	if err := tenantClient.Conn().Publish("fabric.svc.accounts", []byte(d.Accounts[d.Account])); err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if err := tenantClient.Conn().LastError(); err == nil || !strings.Contains(err.Error(), "Permissions Violation") {
+			return fmt.Errorf("a tenant publishing to the accounts service: %v", err)
+		}
+		return nil
+	})
 }
 
 // TestUpWithTenants runs `jetfabric up --auth` as its own process: a
