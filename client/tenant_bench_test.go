@@ -3,11 +3,15 @@ package client_test
 import (
 	"context"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/jetfabric/jetfabric/broker"
 	"github.com/jetfabric/jetfabric/broker/brokertest"
 	"github.com/jetfabric/jetfabric/client"
 	"github.com/jetfabric/jetfabric/codec"
+	"github.com/jetfabric/jetfabric/internal/certs"
 	"github.com/jetfabric/jetfabric/subjects"
 	"github.com/jetfabric/jetfabric/tenant"
 	"github.com/jetfabric/jetfabric/worker"
@@ -16,30 +20,34 @@ import (
 
 // BenchmarkTenants: a tiny op and its read (round trip), and pipelined
 // ops on one session (1,000 adds and frees, then a sync, per iteration),
-// on a fabric without tenants (off) and on one with them (on: operator
-// mode, the tenant's permissions checked by the broker, the worker
-// checking the tenant's reply subject and quotas). Both fabrics run side
-// by side and the measurements alternate.
+// on a fabric without tenants (off), on one with them (on: operator mode,
+// the client a user of the tenant's own account, its frames crossing the
+// account's imports, the worker checking the tenant's reply subject and
+// quotas) and on one with tenants and TLS (tls: the client's and the
+// worker's connections both over TLS). The worker connects over TCP in
+// all three, as a worker process does. The fabrics run side by side and
+// the measurements alternate.
 func BenchmarkTenants(b *testing.B) {
 	ctx := context.Background()
+	modes := []string{"off", "on", "tls"}
 	sessions := map[string]*client.Session{}
-	for _, name := range []string{"off", "on"} {
-		c := tenantBenchFabric(b, name == "on")
+	for _, mode := range modes {
+		c := tenantBenchFabric(b, mode)
 		s, err := c.Open(ctx, "cpu-0")
 		if err != nil {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { _ = s.Close(ctx) })
-		sessions[name] = s
+		sessions[mode] = s
 	}
-	// Three rounds, each measuring off then on, so that a machine busy
-	// with other work weighs on both alike (-count would run each
+	// Three rounds, each measuring every mode in turn, so that a machine
+	// busy with other work weighs on all alike (-count would run each
 	// sub-benchmark its times in a row).
 	for range 3 {
-		for _, name := range []string{"off", "on"} {
-			s := sessions[name]
+		for _, mode := range modes {
+			s := sessions[mode]
 			x := s.Full([]int{4}, 1)
-			b.Run("roundtrip/"+name, func(b *testing.B) {
+			b.Run("roundtrip/"+mode, func(b *testing.B) {
 				for b.Loop() {
 					if _, err := x.Add(x).Read(ctx); err != nil {
 						b.Fatal(err)
@@ -48,10 +56,10 @@ func BenchmarkTenants(b *testing.B) {
 				b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "us/roundtrip")
 			})
 		}
-		for _, name := range []string{"off", "on"} {
-			s := sessions[name]
+		for _, mode := range modes {
+			s := sessions[mode]
 			x := s.Full([]int{4}, 1)
-			b.Run("pipelined/"+name, func(b *testing.B) {
+			b.Run("pipelined/"+mode, func(b *testing.B) {
 				for b.Loop() {
 					for range 1000 {
 						x.Add(x).Free()
@@ -66,12 +74,15 @@ func BenchmarkTenants(b *testing.B) {
 	}
 }
 
-func tenantBenchFabric(b *testing.B, on bool) *client.Client {
+// tenantBenchFabric starts a broker and a worker for mode (off, on or
+// tls; see BenchmarkTenants) and connects a client.
+func tenantBenchFabric(b *testing.B, mode string) *client.Client {
 	b.Helper()
-	var opts []client.Option
-	edit := func(*broker.Config) {}
-	if on {
-		dir := b.TempDir()
+	var copts []client.Option
+	var wopts []nats.Option
+	var dir string
+	if mode != "off" {
+		dir = b.TempDir()
 		if err := tenant.Init(dir); err != nil {
 			b.Fatal(err)
 		}
@@ -79,15 +90,48 @@ func tenantBenchFabric(b *testing.B, on bool) *client.Client {
 		if err != nil {
 			b.Fatal(err)
 		}
-		edit = func(c *broker.Config) { c.AuthDir = dir }
-		opts = append(opts, client.WithCreds(creds))
+		copts = append(copts, client.WithCreds(creds))
+		d, err := tenant.Load(dir)
+		if err != nil {
+			b.Fatal(err)
+		}
+		wopts = append(wopts, broker.ServiceUser(d))
 	}
-	br := brokertest.Run(b, edit)
-	workertest.Run(b, br, workertest.CPUs(1), func(c *worker.Config) {
-		c.CheckpointInterval = 0
-		c.Logf = nil
+	var tlsFiles certs.Files
+	if mode == "tls" {
+		var err error
+		if tlsFiles, err = certs.Write(b.TempDir(), certs.Options{Hosts: []string{"127.0.0.1"}}); err != nil {
+			b.Fatal(err)
+		}
+		copts = append(copts, client.WithTLS(tlsFiles.CA, "", ""))
+		wopts = append(wopts, nats.RootCAs(tlsFiles.CA))
+	}
+	br := brokertest.Run(b, func(c *broker.Config) {
+		c.AuthDir = dir
+		if mode == "tls" {
+			c.TLS = broker.TLSConfig{CertFile: tlsFiles.ServerCert, KeyFile: tlsFiles.ServerKey, CAFile: tlsFiles.CA}
+		}
 	})
-	c, err := client.Connect(br.ClientURL(), opts...)
+	nc, err := nats.Connect(br.ClientURL(), wopts...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg := worker.DefaultConfig()
+	cfg.Devices = workertest.CPUs(1)
+	cfg.CheckpointInterval = 0
+	cfg.Tenants, cfg.TenantIssuer = br.AccountKey() != "", br.AccountKey()
+	w, err := worker.New(nc, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	err = w.Start(ctx)
+	cancel()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = w.Stop(context.Background()); nc.Close() })
+	c, err := client.Connect(br.ClientURL(), copts...)
 	if err != nil {
 		b.Fatal(err)
 	}
