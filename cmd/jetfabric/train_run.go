@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/jetfabric/jetfabric/client"
@@ -133,6 +134,10 @@ type replica struct {
 	split bool
 	// Since the last check: each step's loss (scaled by the rank's share
 	// of the batch), and the sum of correct predictions, on the worker.
+	// Every step mints the same tensors whether a check follows it or not,
+	// and a check mints none: random ops (dropout) are keyed by the ids
+	// the session mints, so the weights do not depend on how often the
+	// loss is checked.
 	losses  []*client.Tensor
 	correct *client.Tensor
 }
@@ -352,53 +357,68 @@ type window struct {
 	err     error
 }
 
-// startWindow queues on every rank the stack of the losses since the last
-// check (so one read takes them all) and reads it and the correct count
-// on a goroutine, which frees both after reading; the caller waits on
-// done. The reads go out in the session's order, so they read what the
-// steps before them made whatever is queued after them meanwhile.
+// startWindow reads, on goroutines, every rank's losses and count of
+// correct predictions since the last check, and frees them; the caller
+// waits on done. The reads go out in the session's order, so they read what the
+// steps before them made whatever is queued after them meanwhile. They
+// make no tensor (see replica.losses).
 func startWindow(ctx context.Context, reps []*replica, first, last, epoch, samples int) *window {
 	w := &window{first: first, last: last, epoch: epoch, samples: samples,
 		done: make(chan struct{}), losses: make([]float64, last-first+1)}
 	type reads struct {
-		r               *replica
-		losses, correct *client.Tensor
+		r       *replica
+		losses  []*client.Tensor
+		correct *client.Tensor
 	}
 	rs := make([]reads, len(reps))
 	for i, r := range reps {
-		all := r.s.Apply(codec.Op{Op: kernels.OpStack, Axis: 0}, r.losses...)
-		for _, l := range r.losses {
-			l.Free()
-		}
-		rs[i] = reads{r, all, r.correct}
-		r.losses, r.correct = r.losses[:0], nil
+		rs[i] = reads{r, r.losses, r.correct}
+		r.losses, r.correct = nil, nil
 	}
 	go func() {
 		defer close(w.done)
+		var mu sync.Mutex
+		var errs []error
+		var wg sync.WaitGroup
 		for _, x := range rs {
-			if w.err != nil {
-				x.losses.Free()
-				x.correct.Free()
+			if len(x.losses) != len(w.losses) {
+				errs = append(errs, fmt.Errorf("%s: step %d: %d losses since step %d", x.r.s.Device(), last, len(x.losses), first-1))
 				continue
 			}
-			l, err := x.losses.Float32s(ctx)
-			var k []float32
-			if err == nil {
-				k, err = x.correct.Float32s(ctx)
+			for i, l := range x.losses {
+				wg.Go(func() {
+					v, err := l.Float32s(ctx)
+					if err == nil && len(v) != 1 {
+						err = fmt.Errorf("a loss of %d values", len(v))
+					}
+					l.Free()
+					mu.Lock()
+					defer mu.Unlock()
+					if err != nil {
+						errs = append(errs, rankErrors(ctx, reps, x.r, last, err))
+						return
+					}
+					w.losses[i] += float64(v[0])
+				})
 			}
-			x.losses.Free()
-			x.correct.Free()
-			switch {
-			case err != nil:
-				w.err = rankErrors(ctx, reps, x.r, last, err)
-			case len(l) != len(w.losses) || len(k) != 1:
-				w.err = fmt.Errorf("%s: step %d: %d losses since step %d", x.r.s.Device(), last, len(l), first-1)
-			default:
-				for i, v := range l {
-					w.losses[i] += float64(v)
+			wg.Go(func() {
+				k, err := x.correct.Float32s(ctx)
+				if err == nil && len(k) != 1 {
+					err = fmt.Errorf("a count of %d values", len(k))
+				}
+				x.correct.Free()
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					errs = append(errs, rankErrors(ctx, reps, x.r, last, err))
+					return
 				}
 				w.correct += float64(k[0])
-			}
+			})
+		}
+		wg.Wait()
+		if len(errs) > 0 {
+			w.err = errs[0]
 		}
 	}()
 	return w
@@ -515,7 +535,7 @@ func (tr *trainer) step(ctx context.Context, lo, hi int) error {
 			return err
 		}
 		r.losses = append(r.losses, loss.Client())
-		r.correct = accumulate(r.s, r.correct, aux[0].Client())
+		r.correct = accumulate(r.correct, aux[0].Client())
 		batches = append(batches, [2]*nn.Tensor{x, y})
 		if R > 1 {
 			if ex == nil {
@@ -816,11 +836,14 @@ func correct(s *client.Session, logits, labels *client.Tensor) *client.Tensor {
 	return n
 }
 
-// accumulate adds v to the running sum acc (nil: none yet), freeing both
-// inputs' handles it no longer needs.
-func accumulate(s *client.Session, acc, v *client.Tensor) *client.Tensor {
+// accumulate adds v to the running sum acc, freeing both inputs' handles.
+// With no sum yet (acc nil) it makes one from v all the same, so that
+// every call mints one tensor (see replica.losses).
+func accumulate(acc, v *client.Tensor) *client.Tensor {
 	if acc == nil {
-		return v
+		sum := v.Reshape()
+		v.Free()
+		return sum
 	}
 	sum := acc.Add(v)
 	acc.Free()
@@ -856,7 +879,7 @@ func evaluate(ctx context.Context, r *replica, n int) (float64, error) {
 		if err != nil {
 			return 0, err
 		}
-		acc = accumulate(r.s, acc, correct(r.s, logits.Client(), yc))
+		acc = accumulate(acc, correct(r.s, logits.Client(), yc))
 		nn.Release(logits)
 		x.Free()
 		yc.Free()

@@ -430,6 +430,15 @@ func TestTrainDataParallelSplitIsDeterministic(t *testing.T) {
 	if got := trainOn(t, b.ClientURL(), ops, nil); got.WeightsSHA256 != first.WeightsSHA256 {
 		t.Fatalf("cnn: weights %s op by op, %s replayed in parts", got.WeightsSHA256, first.WeightsSHA256)
 	}
+	// How often the loss is read changes nothing: the dropout masks are
+	// keyed by tensor ids, and a check mints none.
+	for _, check := range []int{1, 3} {
+		other := cnn()
+		other.check = check
+		if got := trainOn(t, b.ClientURL(), other, nil); got.WeightsSHA256 != first.WeightsSHA256 {
+			t.Fatalf("cnn: weights %s checking every %d steps, %s every 2", got.WeightsSHA256, check, first.WeightsSHA256)
+		}
+	}
 	split := trainOn(t, b.ClientURL(), smallRun("cpu-0", "cpu-1"), nil)
 	whole := smallRun("cpu-0", "cpu-1")
 	whole.noSplit = true
