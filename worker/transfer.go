@@ -248,7 +248,6 @@ func (mv *mover) fetchObject(ctx context.Context, name string, who string, want 
 // the object's meta. Once the writer has announced the object, the chunks
 // are copied as they are stored, while the writer is still writing.
 func (mv *mover) fetchInto(ctx context.Context, name string, who string, want kernels.Meta, dst func(kernels.Meta) ([]byte, error)) (kernels.Meta, error) {
-	w := mv.w
 	rc, err := mv.awaitTransfer(ctx, name)
 	if err != nil {
 		return kernels.Meta{}, err
@@ -263,9 +262,22 @@ func (mv *mover) fetchInto(ctx context.Context, name string, who string, want ke
 	if n, ok := inlineSize(rc.Data); ok && n != m.Bytes() {
 		return m, failf(codec.CodeUnavailabe, "%s: its announcement holds %d bytes, %v %v needs %d", name, n, m.DType, m.Shape, m.Bytes())
 	}
-	if err := mv.countRead(ctx, name, who); err != nil {
-		return m, err
+	// The read is counted while the bytes travel: the count bounds the
+	// reads and tells the last reader to delete the object, and need not
+	// hold the read up. A read past the bound fails all the same.
+	counted := make(chan error, 1)
+	go func() { counted <- mv.countRead(ctx, name, who) }()
+	m, err = mv.readInto(ctx, name, rc, m, dst)
+	if cerr := <-counted; cerr != nil {
+		return m, cerr
 	}
+	return m, err
+}
+
+// readInto reads object name, announced as rc with meta m, into the
+// buffer dst returns.
+func (mv *mover) readInto(ctx context.Context, name string, rc readCount, m kernels.Meta, dst func(kernels.Meta) ([]byte, error)) (kernels.Meta, error) {
+	w := mv.w
 	buf, err := dst(m)
 	if err != nil {
 		return m, err
@@ -346,7 +358,7 @@ func (mv *mover) awaitAnnouncement(ctx context.Context, name string, accept func
 // awaitKey waits until accept takes a value of key in FABRIC_CTRL, the
 // current one or a later put. A key-value put is a message on the key's
 // subject, so the wait is a plain subscription to it (made before the
-// second look, so no put is missed), with no consumer on the broker.
+// look, so no put is missed), with no consumer on the broker.
 func (mv *mover) awaitKey(ctx context.Context, key string, accept func([]byte) bool) error {
 	kv, nc := mv.w.ctrl, mv.w.nc
 	current := func() (bool, error) {
@@ -356,17 +368,14 @@ func (mv *mover) awaitKey(ctx context.Context, key string, accept func([]byte) b
 		}
 		return err == nil && accept(e.Value()), err
 	}
-	if ok, err := current(); ok || err != nil {
-		return err
-	}
+	// The subscription goes out before the get, on the same connection:
+	// the server takes it first, so a put is seen by one or the other (or
+	// by the second look below), with one round trip.
 	sub, err := nc.SubscribeSync(mv.w.names.CtrlSubject(key))
 	if err != nil {
 		return err
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	if err := nc.FlushWithContext(ctx); err != nil {
-		return err
-	}
 	if ok, err := current(); ok || err != nil {
 		return err
 	}
