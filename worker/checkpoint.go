@@ -574,7 +574,7 @@ func (d *device) restore(ctx context.Context) (uint64, error) {
 				return 0, fmt.Errorf("worker: %s: checkpoint %s: tensor %d: %w", d.cfg.Name, ref.Object, ct.ID, err)
 			}
 			if read != nil {
-				lazy = append(lazy, &lazyTensor{t: t, id: ct.ID, read: read, done: make(chan struct{})})
+				lazy = append(lazy, &lazyTensor{t: t, session: cs.ID, id: ct.ID, read: read, done: make(chan struct{})})
 				lazyBytes += int64(t.Buf.Bytes())
 			}
 			s.tensors.set(ct.ID, entry{t: t})
@@ -585,6 +585,7 @@ func (d *device) restore(ctx context.Context) (uint64, error) {
 		}
 	}
 	d.startLazy(lazy, lazyBytes)
+	d.startPrefetch(man.Seq)
 	for _, id := range man.Freed {
 		d.noteFreed(id, now)
 	}

@@ -4,11 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetfabric/jetfabric/codec"
 	"github.com/jetfabric/jetfabric/kernels"
+	"github.com/jetfabric/jetfabric/subjects"
 )
 
 // A takeover restores the last checkpoint lazily: the manifest, the
@@ -35,10 +40,11 @@ const restoreReaders = 4
 
 // lazyTensor is one tensor of a restore still to be read.
 type lazyTensor struct {
-	t     *kernels.Tensor
-	id    uint64
-	read  func(ctx context.Context) error
-	taken atomic.Bool // a reader (or the device loop) is on it or done with it
+	t       *kernels.Tensor
+	session string // its session's key
+	id      uint64
+	read    func(ctx context.Context) error
+	taken   atomic.Bool // a reader (or the device loop) is on it or done with it
 	// dropped: freed before it was read; it need not be.
 	dropped atomic.Bool
 	done    chan struct{}
@@ -46,6 +52,14 @@ type lazyTensor struct {
 	// stop ends a reader's read of it, for the device loop (under
 	// lazyRestore.mu; nil when no reader is on it).
 	stop context.CancelFunc
+	// soon: a frame to replay reads it (under lazyRestore.mu).
+	soon bool
+}
+
+// lazyKey names a restored tensor: its session's key and its id.
+type lazyKey struct {
+	session string
+	id      uint64
 }
 
 // lazyRestore is the background read of a restore's tensors. tensors is
@@ -54,20 +68,26 @@ type lazyTensor struct {
 type lazyRestore struct {
 	queue   []*lazyTensor
 	tensors map[*kernels.Tensor]*lazyTensor // device loop only
+	byKey   map[lazyKey]*lazyTensor         // read-only once started
 	failed  atomic.Pointer[lazyFailure]
 	left    atomic.Int64 // tensors not yet done
+	ctx     context.Context
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 
-	// While the device loop waits for a tensor (want, urgent > 0), no
-	// reader starts on another and the reads of others are stopped and
-	// put back (again), so that the one it waits for has the bandwidth.
-	// wake is signalled when urgent goes back to 0 and when the readers
+	// The tensors that the frames to replay read (soon) are read first,
+	// in the order the replay reads them (see prefetchReplay). While the
+	// device loop waits for a tensor (want, urgent > 0), no reader starts
+	// on another unless it is soon, and the reads of others that are not
+	// are stopped and put back (again), so that the one it waits for and
+	// those it will wait for next have the bandwidth. wake is signalled
+	// when urgent goes back to 0, when soon grows and when the readers
 	// stop.
 	mu     sync.Mutex
 	wake   *sync.Cond
 	next   int
 	again  []*lazyTensor
+	soon   []*lazyTensor
 	urgent int
 	want   *lazyTensor
 }
@@ -78,24 +98,29 @@ type lazyFailure struct {
 }
 
 // take returns the next tensor for a reader and the context of its read,
-// or nil when none is left or ctx ended. It waits while the loop waits.
+// or nil when none is left or ctx ended: the next one a replayed frame
+// reads, else (unless the loop waits) the next in the queue.
 func (lr *lazyRestore) take(ctx context.Context) (*lazyTensor, context.Context, context.CancelFunc) {
 	lr.mu.Lock()
 	defer lr.mu.Unlock()
 	for {
-		for lr.urgent > 0 && ctx.Err() == nil {
-			lr.wake.Wait()
-		}
 		if ctx.Err() != nil {
 			return nil, nil, nil
 		}
 		var lt *lazyTensor
-		if n := len(lr.again); n > 0 {
+		switch {
+		case len(lr.soon) > 0:
+			lt, lr.soon = lr.soon[0], lr.soon[1:]
+		case lr.urgent > 0:
+			lr.wake.Wait()
+			continue
+		case len(lr.again) > 0:
+			n := len(lr.again)
 			lt, lr.again = lr.again[n-1], lr.again[:n-1]
-		} else if lr.next < len(lr.queue) {
+		case lr.next < len(lr.queue):
 			lt = lr.queue[lr.next]
 			lr.next++
-		} else {
+		default:
 			return nil, nil, nil
 		}
 		if !lt.taken.CompareAndSwap(false, true) {
@@ -105,6 +130,24 @@ func (lr *lazyRestore) take(ctx context.Context) (*lazyTensor, context.Context, 
 		lt.stop = cancel
 		return lt, rctx, cancel
 	}
+}
+
+// prioritize moves lts, the tensors the replay will read in that order,
+// ahead of the rest, and returns how many it moved (those not already
+// moved or taken).
+func (lr *lazyRestore) prioritize(lts []*lazyTensor) int {
+	lr.mu.Lock()
+	defer lr.mu.Unlock()
+	n := 0
+	for _, lt := range lts {
+		if !lt.soon && !lt.taken.Load() {
+			lt.soon = true
+			lr.soon = append(lr.soon, lt)
+			n++
+		}
+	}
+	lr.wake.Broadcast()
+	return n
 }
 
 // hurry marks the device loop as waiting for want (nil: done waiting).
@@ -121,7 +164,7 @@ func (lr *lazyRestore) hurry(want *lazyTensor) {
 	lr.urgent++
 	lr.want = want
 	for _, lt := range lr.queue {
-		if lt != want && lt.stop != nil {
+		if lt != want && lt.stop != nil && !lt.soon {
 			lt.stop()
 		}
 	}
@@ -135,7 +178,8 @@ func (d *device) startLazy(queue []*lazyTensor, bytes int64) {
 		return
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	lr := &lazyRestore{queue: queue, tensors: make(map[*kernels.Tensor]*lazyTensor, len(queue)), cancel: cancel}
+	lr := &lazyRestore{queue: queue, tensors: make(map[*kernels.Tensor]*lazyTensor, len(queue)),
+		byKey: make(map[lazyKey]*lazyTensor, len(queue)), cancel: cancel}
 	lr.wake = sync.NewCond(&lr.mu)
 	stopWake := context.AfterFunc(ctx, func() {
 		lr.mu.Lock()
@@ -146,9 +190,11 @@ func (d *device) startLazy(queue []*lazyTensor, bytes int64) {
 	d.m.restorePending.Store(bytes)
 	for _, lt := range queue {
 		lr.tensors[lt.t] = lt
+		lr.byKey[lazyKey{lt.session, lt.id}] = lt
 		d.mem.pin(lt.t.Buf)
 	}
 	d.lazy = lr
+	lr.ctx = ctx
 	start := time.Now()
 	for range min(restoreReaders, len(queue)) {
 		lr.wg.Go(func() {
@@ -281,8 +327,8 @@ func (d *device) checkLazy() {
 		return
 	}
 	if lr.left.Load() == 0 {
+		lr.cancel() // the readers are done; the replay's scan need not be
 		lr.wg.Wait()
-		lr.cancel()
 		d.lazy = nil
 	}
 }
@@ -325,3 +371,94 @@ func (d *device) restoreFailed(err error) {
 // errRestoreFailed: a tensor of the last restore could not be read; the
 // device is taking itself over again.
 var errRestoreFailed = errors.New("worker: a restored tensor could not be read")
+
+// replayScanMax bounds the frames prefetchReplay reads, and replayScanTime
+// the time it takes.
+const (
+	replayScanMax  = 100_000
+	replayScanTime = time.Minute
+)
+
+// startPrefetch starts prefetchReplay beside the background read, if
+// there is one. Device loop only (or before the device serves).
+func (d *device) startPrefetch(from uint64) {
+	if lr := d.lazy; lr != nil {
+		lr.wg.Go(func() { d.prefetchReplay(lr.ctx, lr, from) })
+	}
+}
+
+// prefetchReplay reads the frames the device replays after a takeover
+// (those after sequence from, up to the last when it starts) and moves
+// the restored tensors their ops read ahead of the rest of the background
+// read, in the order of the replay: the readers fetch them several at
+// once ahead of the loop, instead of the loop reading each when it gets
+// there. It only reorders the reads: a frame it cannot read or decode
+// changes nothing but the order.
+func (d *device) prefetchReplay(ctx context.Context, lr *lazyRestore, from uint64) {
+	ctx, cancel := context.WithTimeout(ctx, replayScanTime)
+	defer cancel()
+	w := d.w
+	stream, err := w.js.Stream(ctx, w.names.OpsStream())
+	if err != nil {
+		return
+	}
+	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: d.opsFilters(),
+		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:    from + 1,
+	})
+	if err != nil {
+		return
+	}
+	info, err := cons.Info(ctx)
+	if err != nil || info.NumPending == 0 {
+		return
+	}
+	left := int(min(info.NumPending, replayScanMax))
+	frames, tensors := left, 0
+	defer func() {
+		w.logf("worker: %s: restore: the %d frames to replay read %d restored tensors: read first", d.cfg.Name, frames, tensors)
+	}()
+	var frame codec.Frame
+	for left > 0 {
+		batch, err := cons.Fetch(min(left, 256), jetstream.FetchContext(ctx))
+		if err != nil {
+			return
+		}
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			if needed := lr.neededBy(w.names, m.Subject(), m.Headers().Get(subjects.HeaderContentType), m.Data(), &frame); len(needed) > 0 {
+				tensors += lr.prioritize(needed)
+			}
+		}
+		if batch.Error() != nil || got == 0 {
+			return
+		}
+		left -= got
+	}
+}
+
+// neededBy is the restored tensors still to read that the ops of a frame
+// read, in order: the frame's subject names its session, its ops' inputs
+// the tensors. frame is scratch.
+func (lr *lazyRestore) neededBy(names subjects.Names, subject, contentType string, data []byte, frame *codec.Frame) []*lazyTensor {
+	tenant, _, session, err := names.ParseFrame(subject)
+	if err != nil {
+		return nil
+	}
+	enc, err := codec.EncodingOf(contentType)
+	if err != nil || codec.DecodeFrameInto(enc, data, frame) != nil {
+		return nil
+	}
+	key := subjects.SessionKey(tenant, session)
+	var needed []*lazyTensor
+	for _, op := range frame.Ops {
+		for _, id := range op.In {
+			if lt := lr.byKey[lazyKey{key, id}]; lt != nil && !slices.Contains(needed, lt) {
+				needed = append(needed, lt)
+			}
+		}
+	}
+	return needed
+}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -370,5 +372,103 @@ func TestLazyReadsYieldToTheLoop(t *testing.T) {
 		if i != 0 && started[i] < 2 {
 			t.Errorf("tensor %d: %d reads started, want 2 or more (stopped for the loop)", i, started[i])
 		}
+	}
+}
+
+// TestReplayReadsAhead: the frames a new owner replays are scanned for
+// the restored tensors they read, which the background readers then take
+// first, in the replay's order: tensors 3 and 1 here, of the four, unless
+// the loop, replaying meanwhile, took one itself first.
+func TestReplayReadsAhead(t *testing.T) {
+	held := make(chan struct{})
+	testHookLazyRead = func(ctx context.Context) {
+		select {
+		case <-held:
+		case <-ctx.Done():
+		}
+	}
+	defer func() { testHookLazyRead = nil }()
+	r := newRestoreRig(t)
+	r.lazyTensors()
+	// Stored while no worker serves: the next owner replays them. The
+	// product ahead of the first read of tensor 3 gives the scan time to
+	// come first, most of the time.
+	r.send(`{"v":1,"ops":[{"op":"full","out":[20],"shape":[512,512],"value":1},{"op":"matmul","out":[21],"in":[20,20]},` +
+		`{"op":"matmul","out":[22],"in":[21,21]},{"op":"sum","out":[10],"in":[3]},{"op":"free","in":[10,20,21,22]}]}`)
+	r.send(`{"v":1,"ops":[{"op":"add","out":[11],"in":[1,3]},{"op":"sum","out":[12],"in":[11]},{"op":"read","in":[12],"tag":1}]}`)
+	w := r.start("second")
+	d := w.devices[0]
+	re := regexp.MustCompile(`the 2 frames to replay read (\d) restored tensors`)
+	var moved string
+	checkUntil(t, 20*time.Second, func() error {
+		m := re.FindStringSubmatch(r.logs.String())
+		if m == nil {
+			return fmt.Errorf("no scan in the log:\n%s", r.logs)
+		}
+		moved = m[1]
+		return nil
+	})
+	d.loop.Lock()
+	lr := d.lazy
+	d.loop.Unlock()
+	if lr == nil {
+		t.Fatal("no background read")
+	}
+	lr.mu.Lock()
+	var soon []uint64
+	for _, lt := range lr.soon {
+		soon = append(soon, lt.id)
+	}
+	var loop []uint64 // taken by the loop before the scan got to them
+	for _, lt := range lr.queue {
+		if (lt.id == 1 || lt.id == 3) && !lt.soon {
+			loop = append(loop, lt.id)
+			if !lt.taken.Load() {
+				t.Errorf("tensor %d was neither read first nor taken by the loop", lt.id)
+			}
+		}
+	}
+	lr.mu.Unlock()
+	want := slices.DeleteFunc([]uint64{3, 1}, func(id uint64) bool { return slices.Contains(loop, id) })
+	if !slices.Equal(soon, want) || moved != fmt.Sprint(len(want)) {
+		t.Errorf("read first %v (the log says %s), want %v (the loop took %v)", soon, moved, want, loop)
+	}
+	t.Logf("read first %v; taken by the loop %v", soon, loop)
+	close(held)
+	if res := r.result(); len(res.Errors) > 0 || res.Tensor == nil || res.Tensor.Values[0] != 4*(1<<18) {
+		t.Fatalf("the replayed read of 1+3 summed: %+v", res)
+	}
+}
+
+// TestNeededBy: the tensors a frame's ops read, of its own session, in
+// order, once each; a frame that does not decode, or of another session,
+// needs none.
+func TestNeededBy(t *testing.T) {
+	lr := &lazyRestore{byKey: map[lazyKey]*lazyTensor{}}
+	lts := map[lazyKey]*lazyTensor{}
+	for _, k := range []lazyKey{{"s1", 1}, {"s1", 2}, {"s1", 3}, {"acme.s1", 1}, {"s2", 1}} {
+		lt := &lazyTensor{session: k.session, id: k.id}
+		lts[k], lr.byKey[k] = lt, lt
+	}
+	names := subjects.Default()
+	var frame codec.Frame
+	for _, c := range []struct {
+		subject, body string
+		want          []*lazyTensor
+	}{
+		{"fabric.ops.cpu-0.s1", `{"v":1,"ops":[{"op":"add","out":[9],"in":[3,1]},{"op":"mul","out":[10],"in":[9,3]},{"op":"sum","out":[11],"in":[7]}]}`,
+			[]*lazyTensor{lts[lazyKey{"s1", 3}], lts[lazyKey{"s1", 1}]}},
+		{"fabric.t.acme.ops.cpu-0.s1", `{"v":1,"ops":[{"op":"neg","out":[9],"in":[1]}]}`, []*lazyTensor{lts[lazyKey{"acme.s1", 1}]}},
+		{"fabric.ops.cpu-0.s3", `{"v":1,"ops":[{"op":"neg","out":[9],"in":[1]}]}`, nil},
+		{"fabric.ops.cpu-0.s1", `{"v":1,"ops":[`, nil},
+		{"fabric.ops.cpu-0", `{"v":1,"ops":[{"op":"neg","out":[9],"in":[1]}]}`, nil},
+	} {
+		got := lr.neededBy(names, c.subject, "application/json", []byte(c.body), &frame)
+		if !slices.Equal(got, c.want) {
+			t.Errorf("%s %s: %d tensors, want %d", c.subject, c.body, len(got), len(c.want))
+		}
+	}
+	if got := lr.neededBy(names, "fabric.ops.cpu-0.s1", "text/plain", []byte(`{}`), &frame); got != nil {
+		t.Errorf("an unknown content type: %v", got)
 	}
 }
