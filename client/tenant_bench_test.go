@@ -3,7 +3,6 @@ package client_test
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -14,8 +13,6 @@ import (
 	"github.com/jetfabric/jetfabric/internal/certs"
 	"github.com/jetfabric/jetfabric/subjects"
 	"github.com/jetfabric/jetfabric/tenant"
-	"github.com/jetfabric/jetfabric/worker"
-	"github.com/jetfabric/jetfabric/worker/workertest"
 )
 
 // BenchmarkTenants: a tiny op and its read (round trip), and pipelined
@@ -112,25 +109,7 @@ func tenantBenchFabric(b *testing.B, mode string) *client.Client {
 			c.TLS = broker.TLSConfig{CertFile: tlsFiles.ServerCert, KeyFile: tlsFiles.ServerKey, CAFile: tlsFiles.CA}
 		}
 	})
-	nc, err := nats.Connect(br.ClientURL(), wopts...)
-	if err != nil {
-		b.Fatal(err)
-	}
-	cfg := worker.DefaultConfig()
-	cfg.Devices = workertest.CPUs(1)
-	cfg.CheckpointInterval = 0
-	cfg.Tenants, cfg.TenantIssuer = br.AccountKey() != "", br.AccountKey()
-	w, err := worker.New(nc, cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	err = w.Start(ctx)
-	cancel()
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = w.Stop(context.Background()); nc.Close() })
+	startTCPWorker(b, br, wopts)
 	c, err := client.Connect(br.ClientURL(), copts...)
 	if err != nil {
 		b.Fatal(err)

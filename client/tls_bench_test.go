@@ -44,24 +44,7 @@ func BenchmarkTLS(b *testing.B) {
 				c.TLS = broker.TLSConfig{CertFile: f.ServerCert, KeyFile: f.ServerKey, CAFile: f.CA}
 			}
 		})
-		nc, err := nats.Connect(br.ClientURL(), side.nopts...)
-		if err != nil {
-			b.Fatal(err)
-		}
-		cfg := worker.DefaultConfig()
-		cfg.Devices = workertest.CPUs(1)
-		cfg.CheckpointInterval = 0
-		w, err := worker.New(nc, cfg)
-		if err != nil {
-			b.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		err = w.Start(ctx)
-		cancel()
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { _ = w.Stop(context.Background()); nc.Close() })
+		startTCPWorker(b, br, side.nopts)
 		c, err := client.Connect(br.ClientURL(), side.copts...)
 		if err != nil {
 			b.Fatal(err)
@@ -117,4 +100,31 @@ func BenchmarkTLS(b *testing.B) {
 			b.ReportMetric(float64(b.N*chain)/b.Elapsed().Seconds(), "ops/s")
 		})
 	}
+}
+
+// startTCPWorker runs a worker serving cpu-0 on its own TCP connection to
+// br, dialled with opts, until the benchmark ends, as a worker process
+// connects (workertest.Run connects in process when the broker requires
+// TLS).
+func startTCPWorker(b *testing.B, br *broker.Broker, opts []nats.Option) {
+	b.Helper()
+	nc, err := nats.Connect(br.ClientURL(), opts...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg := worker.DefaultConfig()
+	cfg.Devices = workertest.CPUs(1)
+	cfg.CheckpointInterval = 0
+	cfg.Tenants, cfg.TenantIssuer = br.AccountKey() != "", br.AccountKey()
+	w, err := worker.New(nc, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	err = w.Start(ctx)
+	cancel()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = w.Stop(context.Background()); nc.Close() })
 }

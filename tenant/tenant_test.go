@@ -154,35 +154,19 @@ func TestRevoke(t *testing.T) {
 	if err := tenant.Init(dir); err != nil {
 		t.Fatal(err)
 	}
-	keyOf := func(path string) string {
-		t.Helper()
-		b, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		tok, _, err := tenant.ParseCreds(b)
-		if err != nil {
-			t.Fatal(err)
-		}
-		uc, err := jwt.DecodeUserClaims(tok)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return uc.Subject
-	}
 	var acme []string
 	for _, replace := range []bool{false, true} {
 		path, err := tenant.Add(dir, subjects.Default(), codec.Tenant{Name: "acme"}, replace)
 		if err != nil {
 			t.Fatal(err)
 		}
-		acme = append(acme, keyOf(path))
+		acme = append(acme, userOf(t, path).Subject)
 	}
 	bobPath, err := tenant.Add(dir, subjects.Default(), codec.Tenant{Name: "bob"}, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	bob := keyOf(bobPath)
+	bob := userOf(t, bobPath).Subject
 	d0, err := tenant.Load(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -205,7 +189,7 @@ func TestRevoke(t *testing.T) {
 	// acme's users are signed by acme's own account, which keeps its key
 	// when its credentials are replaced; the fabric's account revokes the
 	// keys too (it signed the users of older directories).
-	acmeAcc, bobAcc := issuerOf(t, dir, "acme"), issuerOf(t, dir, "bob")
+	acmeAcc, bobAcc := userOf(t, tenant.CredsPath(dir, "acme")).Issuer, userOf(t, tenant.CredsPath(dir, "bob")).Issuer
 	if acmeAcc == d0.Account || acmeAcc == bobAcc {
 		t.Fatalf("acme's users are signed by %s (fabric %s, bob %s)", acmeAcc, d0.Account, bobAcc)
 	}
@@ -264,10 +248,10 @@ func TestRevoke(t *testing.T) {
 	}
 }
 
-// issuerOf is the account that signed tenant name's user in dir.
-func issuerOf(t *testing.T, dir, name string) string {
+// userOf is the user JWT's claims of the creds file at path.
+func userOf(t *testing.T, path string) *jwt.UserClaims {
 	t.Helper()
-	b, err := os.ReadFile(tenant.CredsPath(dir, name))
+	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,5 +263,5 @@ func issuerOf(t *testing.T, dir, name string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return uc.Issuer
+	return uc
 }

@@ -134,13 +134,10 @@ func (r *restoreRig) lazyTensors() {
 	}
 }
 
-// TestRestoreIsLazy: a worker that takes a device over serves it before
-// the large tensors of the checkpoint are read (the background readers
-// are held here); a read of one of them is answered, the device loop
-// reading that tensor itself; a checkpoint meanwhile names the unread
-// tensors without reading them; a free of an unread one is not read.
-// Then the readers go on and the rest is there, bit for bit.
-func TestRestoreIsLazy(t *testing.T) {
+// holdReaders holds every background reader of a restore before it takes
+// a tensor until the returned channel is closed (or the read is
+// abandoned), for the rest of the test.
+func holdReaders(t *testing.T) chan struct{} {
 	held := make(chan struct{})
 	testHookLazyRead = func(ctx context.Context) {
 		select {
@@ -148,7 +145,18 @@ func TestRestoreIsLazy(t *testing.T) {
 		case <-ctx.Done():
 		}
 	}
-	defer func() { testHookLazyRead = nil }()
+	t.Cleanup(func() { testHookLazyRead = nil })
+	return held
+}
+
+// TestRestoreIsLazy: a worker that takes a device over serves it before
+// the large tensors of the checkpoint are read (the background readers
+// are held here); a read of one of them is answered, the device loop
+// reading that tensor itself; a checkpoint meanwhile names the unread
+// tensors without reading them; a free of an unread one is not read.
+// Then the readers go on and the rest is there, bit for bit.
+func TestRestoreIsLazy(t *testing.T) {
+	held := holdReaders(t)
 	r := newRestoreRig(t)
 	r.lazyTensors()
 	kv, err := r.js.KeyValue(context.Background(), "FABRIC_CTRL")
@@ -380,14 +388,7 @@ func TestLazyReadsYieldToTheLoop(t *testing.T) {
 // first, in the replay's order: tensors 3 and 1 here, of the four, unless
 // the loop, replaying meanwhile, took one itself first.
 func TestReplayReadsAhead(t *testing.T) {
-	held := make(chan struct{})
-	testHookLazyRead = func(ctx context.Context) {
-		select {
-		case <-held:
-		case <-ctx.Done():
-		}
-	}
-	defer func() { testHookLazyRead = nil }()
+	held := holdReaders(t)
 	r := newRestoreRig(t)
 	r.lazyTensors()
 	// Stored while no worker serves: the next owner replays them. The
