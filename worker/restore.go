@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -416,9 +415,6 @@ func (d *device) prefetchReplay(ctx context.Context, lr *lazyRestore, from uint6
 	}
 	left := int(min(info.NumPending, replayScanMax))
 	frames, tensors := left, 0
-	defer func() {
-		w.logf("worker: %s: restore: the %d frames to replay read %d restored tensors: read first", d.cfg.Name, frames, tensors)
-	}()
 	var frame codec.Frame
 	for left > 0 {
 		batch, err := cons.Fetch(min(left, 256), jetstream.FetchContext(ctx))
@@ -437,6 +433,7 @@ func (d *device) prefetchReplay(ctx context.Context, lr *lazyRestore, from uint6
 		}
 		left -= got
 	}
+	w.logf("worker: %s: restore: the %d frames to replay read %d restored tensors: read first", d.cfg.Name, frames, tensors)
 }
 
 // neededBy is the restored tensors still to read that the ops of a frame
@@ -453,9 +450,11 @@ func (lr *lazyRestore) neededBy(names subjects.Names, subject, contentType strin
 	}
 	key := subjects.SessionKey(tenant, session)
 	var needed []*lazyTensor
+	seen := map[*lazyTensor]bool{}
 	for _, op := range frame.Ops {
 		for _, id := range op.In {
-			if lt := lr.byKey[lazyKey{key, id}]; lt != nil && !slices.Contains(needed, lt) {
+			if lt := lr.byKey[lazyKey{key, id}]; lt != nil && !seen[lt] {
+				seen[lt] = true
 				needed = append(needed, lt)
 			}
 		}
