@@ -377,12 +377,27 @@ func startWindow(ctx context.Context, reps []*replica, first, last, epoch, sampl
 	}
 	go func() {
 		defer close(w.done)
+		// The first rank whose read failed, and why: its error is joined
+		// with the other ranks' once every read is back (rankErrors).
 		var mu sync.Mutex
-		var errs []error
+		failed, cause := len(rs), error(nil)
+		fail := func(rank int, err error) {
+			if rank < failed {
+				failed, cause = rank, err
+			}
+		}
 		var wg sync.WaitGroup
-		for _, x := range rs {
+		for rank, x := range rs {
 			if len(x.losses) != len(w.losses) {
-				errs = append(errs, fmt.Errorf("%s: step %d: %d losses since step %d", x.r.s.Device(), last, len(x.losses), first-1))
+				for _, l := range x.losses {
+					l.Free()
+				}
+				x.correct.Free()
+				mu.Lock()
+				if w.err == nil {
+					w.err = fmt.Errorf("%s: step %d: %d losses since step %d", x.r.s.Device(), last, len(x.losses), first-1)
+				}
+				mu.Unlock()
 				continue
 			}
 			for i, l := range x.losses {
@@ -395,7 +410,7 @@ func startWindow(ctx context.Context, reps []*replica, first, last, epoch, sampl
 					mu.Lock()
 					defer mu.Unlock()
 					if err != nil {
-						errs = append(errs, rankErrors(ctx, reps, x.r, last, err))
+						fail(rank, err)
 						return
 					}
 					w.losses[i] += float64(v[0])
@@ -410,15 +425,15 @@ func startWindow(ctx context.Context, reps []*replica, first, last, epoch, sampl
 				mu.Lock()
 				defer mu.Unlock()
 				if err != nil {
-					errs = append(errs, rankErrors(ctx, reps, x.r, last, err))
+					fail(rank, err)
 					return
 				}
 				w.correct += float64(k[0])
 			})
 		}
 		wg.Wait()
-		if len(errs) > 0 {
-			w.err = errs[0]
+		if w.err == nil && cause != nil {
+			w.err = rankErrors(ctx, reps, rs[failed].r, last, cause)
 		}
 	}()
 	return w
