@@ -233,16 +233,18 @@ const (
 )
 
 // Tenant is a tenant's record, the JSON value of key tenant.<name> in the
-// control bucket: the quotas workers enforce. A zero quota is no limit.
+// control bucket: the quotas workers enforce across the fabric (each
+// device counts the tenant's use on the others as their registry entries
+// last reported it; see QuotaView). A zero quota is no limit.
 type Tenant struct {
 	Name string `json:"name"`
-	// Sessions bounds the tenant's live sessions on one worker.
+	// Sessions bounds the tenant's live sessions on all devices.
 	Sessions int `json:"sessions,omitempty"`
-	// Bytes bounds the tensor bytes the tenant's sessions hold on one
-	// worker; it is also the size of the tenant's object bucket.
+	// Bytes bounds the tensor bytes the tenant's sessions hold on all
+	// devices; it is also the size of the tenant's object bucket.
 	Bytes int64 `json:"bytes,omitempty"`
 	// FPS bounds the frames per second of all the tenant's sessions on
-	// one worker (a burst of one second's worth is allowed).
+	// all devices (a burst of one second's worth is allowed).
 	FPS float64 `json:"fps,omitempty"`
 	// Expires is when the tenant's credentials expire (zero: never).
 	Expires time.Time `json:"expires,omitzero"`
@@ -297,6 +299,30 @@ type Device struct {
 	// re-creating the device's consumer, or its cluster cannot serve it.
 	LastFrame time.Time `cbor:"last_frame,omitempty" json:"last_frame,omitzero"`
 	Stalled   bool      `cbor:"stalled,omitempty" json:"stalled,omitempty"`
+	// Tenants is each tenant's use of the device, for the quotas (with
+	// tenants only; tenants with nothing on the device left out).
+	Tenants map[string]TenantUse `cbor:"tenants,omitempty" json:"tenants,omitempty"`
+}
+
+// TenantUse is a tenant's use of one device, or of several summed: its
+// live sessions, the tensor bytes they hold, and the frames a second the
+// device ran for it. Devices, in a QuotaView, counts the devices whose
+// FPS was not zero.
+type TenantUse struct {
+	Sessions int     `cbor:"sessions,omitempty" json:"sessions,omitempty"`
+	Bytes    int64   `cbor:"bytes,omitempty" json:"bytes,omitempty"`
+	FPS      float64 `cbor:"fps,omitempty" json:"fps,omitempty"`
+	Devices  int     `cbor:"devices,omitempty" json:"devices,omitempty"`
+}
+
+// QuotaView is what a device counts, for the quotas, of each tenant's use
+// of the other devices: the sum of their registry entries' Tenants. Its
+// worker publishes it as JSON into the device's own frames (subject
+// subjects.Names.QuotaView) when it changes, so that the device takes it
+// at a place in the stream, and a replay after a takeover decides every
+// frame with the view the first run had.
+type QuotaView struct {
+	Tenants map[string]TenantUse `cbor:"tenants" json:"tenants"`
 }
 
 // Telemetry is a GPU's state as its worker samples it (NVML), published as

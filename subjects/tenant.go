@@ -137,6 +137,17 @@ func (n Names) ParseAlive(subject string) (tenant, device, session string, err e
 	return tenant, device, session, nil
 }
 
+// QuotaViewToken is the session token of the subject QuotaView.
+const QuotaViewToken = "_quota-view"
+
+// QuotaView is the subject a worker publishes a device's view of the
+// tenants' use of the other devices on (codec.QuotaView):
+// fabric.ops.<device>._quota-view, one of the device's own frame subjects,
+// which with tenants only the fabric's own users can publish on.
+func (n Names) QuotaView(device string) string {
+	return n.prefix + ".ops." + device + "." + QuotaViewToken
+}
+
 // SessionKey names a session inside a worker: its token, or
 // <tenant>.<session> for a tenant's session, so that equal tokens of two
 // tenants are two sessions.

@@ -64,6 +64,8 @@ type ckptManifest struct {
 	Sessions []ckptSession `cbor:"sessions"`
 	// Freed are the sessions freed as idle (version 2).
 	Freed []string `cbor:"freed,omitempty"`
+	// View is the device's quota view in effect at Seq (quota.go).
+	View *codec.QuotaView `cbor:"view,omitempty"`
 }
 
 type ckptSession struct {
@@ -129,6 +131,7 @@ type ckptSnapshot struct {
 	lease    *lease
 	sessions []snapSession
 	freed    []string
+	view     *codec.QuotaView
 	consumed []string
 	// small holds the bytes of every tensor of ckptInline bytes or less,
 	// copied one after another.
@@ -267,6 +270,7 @@ func (d *device) snapshot(ctx context.Context) (*ckptSnapshot, error) {
 		return nil, ErrLeaseLost
 	}
 	snap.freed = append(snap.freed, d.live.order...)
+	snap.view = d.view.Load()
 	b := d.cfg.Backend
 	for _, s := range d.sessions {
 		ss := snapSession{ckptSession: ckptSession{ID: s.id, Seed: s.seed, Frame: s.frame, Pending: append([]codec.Error(nil), s.pending...)}}
@@ -345,7 +349,7 @@ func (d *device) writeCheckpoint(ctx context.Context, snap *ckptSnapshot) (ref *
 	have, oldObject := d.ck.objects, d.ck.object
 	d.ck.mu.Unlock()
 	name := subjects.CheckpointObject(d.cfg.Name, snap.seq)
-	man := ckptManifest{V: 2, Device: d.cfg.Name, Seq: snap.seq, Freed: snap.freed}
+	man := ckptManifest{V: 2, Device: d.cfg.Name, Seq: snap.seq, Freed: snap.freed, View: snap.view}
 	refs := map[string]bool{}
 	digests := map[*kernels.Tensor]string{}
 	// On failure nothing is deleted here: a tensor object may be named
@@ -562,6 +566,7 @@ func (d *device) restore(ctx context.Context) (uint64, error) {
 		s.frame, s.loose = cs.Frame, cs.Frame == 0
 		if s.tenant = subjects.SessionTenant(cs.ID); s.tenant != "" {
 			s.st, _, _ = d.w.tenant(s.tenant)
+			s.use = d.useOf(s.tenant)
 		}
 		for _, f := range cs.Failed {
 			err := f.Err
@@ -583,6 +588,9 @@ func (d *device) restore(ctx context.Context) (uint64, error) {
 				digests[t], objects[ct.Digest] = ct.Digest, true
 			}
 		}
+	}
+	if man.View != nil {
+		d.view.Store(man.View)
 	}
 	d.startLazy(lazy, lazyBytes)
 	d.startPrefetch(man.Seq)

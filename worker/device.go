@@ -123,6 +123,22 @@ type device struct {
 	fuseFailed bool
 	// held counts the frames the sessions hold (see order). Device loop only.
 	held int
+	// tenantUses is each tenant's use of the device (quota.go). Device
+	// loop only. usedAt is when noteUse last ran, useSnap what it found,
+	// for the heartbeat.
+	tenantUses map[string]*tenantUse
+	usedAt     time.Time
+	useSnap    atomic.Pointer[map[string]codec.TenantUse]
+	// view is the tenants' use of the other devices as the device's last
+	// view frame (or its checkpoint) gave it; written by the loop only.
+	view atomic.Pointer[codec.QuotaView]
+	// viewSent is the view last published into the device's frames, and
+	// when. Heartbeat goroutine only.
+	viewSent struct {
+		ok   bool
+		view map[string]codec.TenantUse
+		at   time.Time
+	}
 }
 
 func newDevice(w *Worker, cfg Device) *device {
@@ -388,6 +404,9 @@ func (d *device) stepDown(release bool) {
 	d.held = 0
 	d.sessionCount.Store(0)
 	d.noteSessions()
+	d.tenantUses = nil
+	d.view.Store(nil)
+	d.noteUse(time.Now())
 	d.applied.Store(0)
 	d.broken = false
 	d.resetCheckpoints()
@@ -469,6 +488,7 @@ func (d *device) housekeep(now time.Time) {
 	if now.Sub(d.idleCheck) >= time.Second {
 		d.evictIdle(now)
 		d.noteSessions()
+		d.noteUse(now)
 		d.trimIdle(now)
 		d.idleCheck = now
 		d.loopAt.Store(now.UnixNano())
@@ -542,6 +562,10 @@ func (d *device) handle(msg jetstream.Msg, md *jetstream.MsgMetadata) {
 		return // already applied
 	}
 	defer d.applied.Store(seq)
+	if d.w.cfg.Tenants && msg.Subject() == d.w.names.QuotaView(d.cfg.Name) {
+		d.applyView(msg.Data(), seq)
+		return
+	}
 	hdr := msg.Headers()
 	reply := hdr.Get(subjects.HeaderReply)
 	enc, encErr := codec.EncodingOf(hdr.Get(subjects.HeaderContentType))
@@ -566,14 +590,19 @@ func (d *device) handle(msg jetstream.Msg, md *jetstream.MsgMetadata) {
 			return
 		}
 		// Replayed frames were allowed once: a catch-up is not rated.
-		if !d.replay.on && !st.allowFrame(rec, time.Now()) {
-			refuse(codec.CodeQuota, "tenant %s's frame quota: over %g frames per second on this worker; the frame was not run", tn, rec.FPS)
+		u := d.useOf(tn)
+		if !d.replay.on && !d.allowFrame(u, tn, rec, time.Now()) {
+			refuse(codec.CodeQuota, "tenant %s's frame quota: over %g frames per second on all devices (%g a second on others); the frame was not run",
+				tn, rec.FPS, d.elsewhere(tn).FPS)
 			return
 		}
-		if _, ok := d.sessions[sid]; !ok && rec.Sessions > 0 && d.tenantSessions(tn) >= rec.Sessions {
-			refuse(codec.CodeQuota, "tenant %s's session quota: %d live sessions on device %s; the frame was not run", tn, rec.Sessions, d.cfg.Name)
-			return
+		if _, ok := d.sessions[sid]; !ok {
+			if err := d.quotaSessions(tn, rec); err != nil {
+				refuse(codec.CodeQuota, "%s", err.msg)
+				return
+			}
 		}
+		u.frames++
 	}
 	s, ok := d.sessions[sid]
 	if !ok {
@@ -588,6 +617,9 @@ func (d *device) handle(msg jetstream.Msg, md *jetstream.MsgMetadata) {
 		}
 		s = newSession(sid)
 		s.tenant, s.st = tn, st
+		if tn != "" {
+			s.use = d.useOf(tn)
+		}
 		d.sessions[sid] = s
 		d.sessionCount.Store(int64(len(d.sessions)))
 	}

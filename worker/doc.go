@@ -76,13 +76,14 @@
 // tenant and token, answered only under the tenant's inbox, its objects in
 // the tenant's bucket, its quotas those of the tenant's record, which the
 // worker takes from the control bucket only when the fabric's account
-// signed it.
+// signed it. The quotas bound a tenant's use of every device together: a
+// device counts the others' use from their registry entries, through views
+// published into its own frames (quota.go).
 //
 // Locks: device.loop (held while a frame runs or the loop keeps house) may
 // be held while taking device.mu or lease.mu (which serialises the lease's
 // compare-and-set writes, over the network). device.ck.mu, device.mem.mu,
 // device.aliveMu and a mover's mu are leaves, held only to read or update
-// fields, as are the worker's tenants.mu and a tenant's fpsMu (taken under
-// device.loop). Stop ends every device loop, marks the devices stopped in
+// fields, as is the worker's tenants.mu (taken under device.loop). Stop ends every device loop, marks the devices stopped in
 // the registry and waits for its goroutines.
 package worker

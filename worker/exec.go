@@ -211,10 +211,8 @@ func (x *exec) allocWith(m kernels.Meta, alloc func(int) (kernels.Buffer, error)
 	if x.s.bytes+int64(n) > x.d.w.cfg.Limits.MaxSessionBytes {
 		return nil, failf(codec.CodeLimit, "session memory limit: %d bytes in use, %d more asked, limit %d", x.s.bytes, n, x.d.w.cfg.Limits.MaxSessionBytes)
 	}
-	if st := x.s.st; st != nil {
-		if rec := st.rec.Load(); rec != nil && rec.Bytes > 0 && st.held.Load()+int64(n) > rec.Bytes {
-			return nil, failf(codec.CodeQuota, "tenant %s's byte quota: %d bytes held on this worker, %d more asked, quota %d", x.s.tenant, st.held.Load(), n, rec.Bytes)
-		}
+	if err := x.quotaBytes(int64(n)); err != nil {
+		return nil, err
 	}
 	if err := x.d.charge(n); err != nil {
 		return nil, err

@@ -197,7 +197,7 @@ func (l *jobLoop) run1(ctx context.Context, tenant string, job *codec.Job, seq u
 			return &codec.JobResult{V: codec.Version, ID: job.ID, Worker: l.w.cfg.ID, Attempt: attempt, Done: time.Now().UTC(),
 				Errors: []codec.Error{{Seq: seq, Code: codeOf(err), Message: err.Error()}}}
 		}
-		s.tenant = tenant
+		s.tenant, s.use = tenant, l.dev.useOf(tenant)
 	}
 	for i := range job.Ops {
 		if x.op(i, &job.Ops[i]) {

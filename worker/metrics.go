@@ -2,7 +2,9 @@ package worker
 
 import (
 	"io"
+	"maps"
 	"net/http"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -63,6 +65,8 @@ type metrics struct {
 	// collNanos is the time collectives in flight took, start to end;
 	// collWaitNanos the time the loop waited for them to end.
 	collNanos, collWaitNanos atomic.Uint64
+	// views counts the quota views the device took (quota.go).
+	views atomic.Uint64
 }
 
 // fused records a fused group of n ops.
@@ -267,6 +271,9 @@ func (w *Worker) WriteMetrics(out io.Writer) error {
 			}
 		}
 	}
+	if w.cfg.Tenants {
+		w.writeQuotaMetrics(p)
+	}
 	p.Family("jetfabric_device_bytes_total", "counter", "Tensor bytes moved: in by uploads, out by reads; inline in frames and results, or through the object store.")
 	for _, d := range w.devices {
 		for _, b := range []struct {
@@ -278,6 +285,42 @@ func (w *Worker) WriteMetrics(out io.Writer) error {
 	}
 	w.writeJobMetrics(p)
 	return p.Flush()
+}
+
+// writeQuotaMetrics writes each tenant's use of each device, and of the
+// other devices as the device's quota view holds it.
+func (w *Worker) writeQuotaMetrics(p *prom.Writer) {
+	p.Family("jetfabric_device_quota_views_total", "counter", "Quota views the device took from its frames (the tenants' use of the other devices).")
+	for _, d := range w.devices {
+		p.Sample("jetfabric_device_quota_views_total", prom.Labels("device", d.cfg.Name), float64(d.m.views.Load()))
+	}
+	for _, f := range []struct {
+		name, help string
+		use        func(d *device) map[string]codec.TenantUse
+	}{
+		{"jetfabric_tenant_use", "A tenant's use of the device (as of its last housekeeping): live sessions, bytes held, frames a second.", (*device).used},
+		{"jetfabric_tenant_use_elsewhere", "A tenant's use of the other devices, as the device's quota view holds it.",
+			func(d *device) map[string]codec.TenantUse {
+				if v := d.view.Load(); v != nil {
+					return v.Tenants
+				}
+				return nil
+			}},
+	} {
+		p.Family(f.name, "gauge", f.help)
+		for _, d := range w.devices {
+			use := f.use(d)
+			for _, tn := range slices.Sorted(maps.Keys(use)) {
+				u := use[tn]
+				for _, q := range []struct {
+					quota string
+					v     float64
+				}{{"sessions", float64(u.Sessions)}, {"bytes", float64(u.Bytes)}, {"fps", u.FPS}} {
+					p.Sample(f.name, prom.Labels("device", d.cfg.Name, "tenant", tn, "quota", q.quota), q.v)
+				}
+			}
+		}
+	}
 }
 
 // writeJobMetrics writes the series of the job loops, per device kind.

@@ -150,12 +150,7 @@ func (x *exec) fits(peak int64) bool {
 	if x.s.bytes+peak > x.d.w.cfg.Limits.MaxSessionBytes {
 		return false
 	}
-	if st := x.s.st; st != nil {
-		if rec := st.rec.Load(); rec != nil && rec.Bytes > 0 && st.held.Load()+peak > rec.Bytes {
-			return false
-		}
-	}
-	return true
+	return x.quotaBytes(peak) == nil
 }
 
 // runProgram runs a replay as the session's program.

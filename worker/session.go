@@ -36,10 +36,12 @@ type session struct {
 	loose    bool
 	held     map[uint64]heldFrame
 	heldSize int
-	// tenant is the session's tenant ("" for none); st its state on this
-	// worker, charged with the session's bytes.
+	// tenant is the session's tenant ("" for none); st its record on
+	// this worker; use its use of the device, charged with the session's
+	// bytes (quota.go).
 	tenant string
 	st     *tenantState
+	use    *tenantUse
 	// programs are the session's replays recorded as device programs, by
 	// programKey; seen counts the replays of keys not recorded yet, or
 	// marks them notRecordable (see program.go).
@@ -64,8 +66,8 @@ func newSession(id string) *session {
 func (s *session) addBytes(n int64) {
 	s.bytes += n
 	s.high = max(s.high, s.bytes)
-	if s.st != nil {
-		s.st.held.Add(n)
+	if s.use != nil {
+		s.use.held += n
 	}
 }
 

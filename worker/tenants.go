@@ -18,8 +18,8 @@ import (
 )
 
 // tenants is what a worker with Config.Tenants knows of the fabric's
-// tenants: their records (quotas), watched in the control bucket, what
-// they use on this worker, and their object buckets.
+// tenants: their records (quotas), watched in the control bucket, their
+// use of the devices as the registry reports it, and their object buckets.
 type tenants struct {
 	mu     sync.Mutex
 	recs   map[string]*tenantState
@@ -28,21 +28,17 @@ type tenants struct {
 	// (at most once a tenantLookup for a name: a tenant with credentials
 	// and no record cannot make every frame a round trip).
 	looked map[string]time.Time
+	// entries are the registry entries that report tenants' use, by
+	// device, for the quota views (quota.go).
+	entries map[string]codec.Device
 }
 
-// tenantState is one tenant's record and use on this worker.
+// tenantState is one tenant's record on this worker.
 type tenantState struct {
 	rec atomic.Pointer[codec.Tenant]
 	// signed is when rec was signed: an older record never replaces it.
 	// Under tenants.mu.
 	signed time.Time
-	// held is the tensor bytes the tenant's sessions hold on this worker.
-	held atomic.Int64
-	// fps: a token bucket of frames, refilled at rec.FPS a second, holding
-	// at most one second's worth (and at least one frame).
-	fpsMu  sync.Mutex
-	tokens float64
-	at     time.Time
 }
 
 // watchTenants follows the tenant records in the control bucket until
@@ -159,28 +155,6 @@ func (w *Worker) tenant(name string) (*tenantState, *codec.Tenant, error) {
 	return st, rec, nil
 }
 
-// allowFrame takes a frame from the tenant's token bucket; false when the
-// tenant is over its frames per second.
-func (st *tenantState) allowFrame(rec *codec.Tenant, now time.Time) bool {
-	if rec.FPS <= 0 {
-		return true
-	}
-	st.fpsMu.Lock()
-	defer st.fpsMu.Unlock()
-	burst := max(1, rec.FPS)
-	if st.at.IsZero() {
-		st.tokens = burst
-	} else {
-		st.tokens = min(burst, st.tokens+now.Sub(st.at).Seconds()*rec.FPS)
-	}
-	st.at = now
-	if st.tokens < 1 {
-		return false
-	}
-	st.tokens--
-	return true
-}
-
 // tenantStore is tenant's object bucket, opened on first use.
 func (w *Worker) tenantStore(tenant string) (*objectstore.Store, error) {
 	w.tn.mu.Lock()
@@ -215,16 +189,4 @@ func (x *exec) objects() (*objectstore.Store, error) {
 		return x.d.w.xfer, nil
 	}
 	return x.d.w.tenantStore(x.s.tenant)
-}
-
-// tenantSessions counts tenant's live sessions on the device. Loop only.
-func (d *device) tenantSessions(tenant string) int {
-	n := 0
-	p := tenant + "."
-	for k := range d.sessions {
-		if strings.HasPrefix(k, p) {
-			n++
-		}
-	}
-	return n
 }

@@ -95,7 +95,10 @@ func (w *Worker) Start(ctx context.Context) error {
 		return fmt.Errorf("worker: %w", err)
 	}
 	if w.cfg.Tenants {
-		if err := w.watchTenants(ctx); err != nil {
+		if err := w.watchTenants(ctx); err == nil {
+			err = w.watchUse()
+		}
+		if err != nil {
 			w.closeSecond()
 			return err
 		}
@@ -228,6 +231,9 @@ func (w *Worker) heartbeat() {
 			}
 			cancel()
 		}
+		if w.cfg.Tenants {
+			w.publishViews()
+		}
 		select {
 		case <-w.stop:
 			return
@@ -311,6 +317,7 @@ func (w *Worker) entry(d *device, state string) codec.Device {
 		Bytes:    d.mem.held.Load(),
 		Budget:   d.mem.budget,
 		Stalled:  d.m.stalled.Load(),
+		Tenants:  d.used(),
 	}
 	if at := d.m.lastFrame.Load(); at > 0 {
 		e.LastFrame = time.Unix(0, at).UTC()

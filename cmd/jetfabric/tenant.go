@@ -95,9 +95,9 @@ func runTenant(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		name, args = args[0], args[1:]
 	}
-	sessions := fs.Int("sessions", 0, "live sessions of the tenant on one device (0: no quota)")
-	size := fs.String("bytes", "", "tensor bytes the tenant may hold on one worker, and the size of its object bucket, e.g. 4GiB (empty: no quota)")
-	fps := fs.Float64("fps", 0, "frames per second of all the tenant's sessions on one worker (0: no quota)")
+	sessions := fs.Int("sessions", 0, "live sessions of the tenant on all devices together (0: no quota)")
+	size := fs.String("bytes", "", "tensor bytes the tenant may hold on all devices together, and the size of its object bucket, e.g. 4GiB (empty: no quota)")
+	fps := fs.Float64("fps", 0, "frames per second of all the tenant's sessions on all devices together (0: no quota)")
 	expires := fs.Duration("expires", 0, "the credentials expire this long from now (0: never)")
 	prefix := fs.String("prefix", subjects.DefaultPrefix, "the fabric's subject prefix")
 	replace := fs.Bool("replace", false, "replace an existing tenant's credentials and quotas")
