@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -210,10 +211,20 @@ func (b *Broker) Start(ctx context.Context) error {
 			p.XferMaxBytes = jc.MaxMemory / 2
 		}
 	}
-	// In a cluster the meta leader may still be settling: retry.
+	if b.cfg.Cluster.Name != "" && !b.srv.JetStreamIsLeader() {
+		// Of nodes that ask for the same new stream at once, all but one
+		// may get no answer: the other nodes let the meta leader's node
+		// provision first, then check the configuration themselves (the
+		// same, quick). A leader that does not get there lets them go on.
+		wctx, wcancel := context.WithTimeout(ctx, leaderProvisions)
+		_ = WaitProvisioned(wctx, js, b.names)
+		wcancel()
+	}
+	// In a cluster the meta leader may still be settling: retry, waiting
+	// longer each time.
 	var last error
-	for {
-		pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
+	for wait := time.Second; ; wait = min(2*wait, 5*time.Second) {
+		pctx, pcancel := context.WithTimeout(ctx, wait)
 		last = ProvisionStreams(pctx, js, b.names, p)
 		if last == nil {
 			last = b.provisionTenants(pctx, js, p)
@@ -239,20 +250,36 @@ func (b *Broker) Start(ctx context.Context) error {
 	}
 }
 
+// leaderProvisions is how long a cluster node that is not the meta leader
+// waits for the leader's node to provision the fabric before it does.
+const leaderProvisions = 10 * time.Second
+
 // Ready waits until the server accepts connections and JetStream is
 // healthy (in a cluster: has a meta leader).
 func (b *Broker) Ready(ctx context.Context) error {
+	// JSEnabledOnly answers ok as soon as JetStream runs; in a cluster
+	// its API answers nothing until the nodes elect a meta leader (a
+	// request made before waits out its whole timeout), which
+	// JSMetaOnly waits for.
+	health := &server.HealthzOptions{JSEnabledOnly: true}
+	if b.cfg.Cluster.Name != "" {
+		health = &server.HealthzOptions{JSMetaOnly: true}
+	}
 	for {
 		if b.srv.ReadyForConnections(10 * time.Millisecond) {
-			hs := b.srv.Healthz(&server.HealthzOptions{JSEnabledOnly: true})
-			if hs.Status == "ok" {
+			if hs := b.srv.Healthz(health); hs.Status == "ok" {
 				return nil
 			}
 		}
 		select {
 		case <-ctx.Done():
-			hs := b.srv.Healthz(&server.HealthzOptions{JSEnabledOnly: true})
-			return fmt.Errorf("broker: JetStream not ready: %w (health: %s %s)", ctx.Err(), hs.Status, hs.Error)
+			hs := b.srv.Healthz(health)
+			why := ""
+			if b.cfg.Cluster.Name != "" {
+				why = fmt.Sprintf("; a node of cluster %s serves once a majority of its nodes (routes %s) have elected a meta leader: are they up?",
+					b.cfg.Cluster.Name, strings.Join(b.cfg.Cluster.Routes, ", "))
+			}
+			return fmt.Errorf("broker: JetStream not ready: %w (health: %s %s)%s", ctx.Err(), hs.Status, hs.Error, why)
 		case <-time.After(50 * time.Millisecond):
 		}
 	}

@@ -177,6 +177,28 @@ func TestBadConfig(t *testing.T) {
 // TestClusterNodeShutsDownInLameDuck: a cluster node's Shutdown goes
 // through lame duck mode: its clients are told (and move to another node)
 // before it closes, and it hands JetStream's leadership over first.
+// TestLoneClusterNodeSaysWhy: a cluster node whose peers never come up
+// cannot serve JetStream; its start ends at the ready timeout saying it
+// waits for a meta leader and naming the routes, instead of a timed out
+// provisioning request.
+func TestLoneClusterNodeSaysWhy(t *testing.T) {
+	cfg := broker.DefaultConfig()
+	cfg.Name, cfg.Port, cfg.HTTPPort, cfg.StoreDir = "n1", -1, 0, t.TempDir()
+	routes := []string{"nats://127.0.0.1:1", "nats://127.0.0.1:2"}
+	cfg.Cluster = broker.ClusterConfig{Name: "fabric", Host: "127.0.0.1", Port: -1, Routes: routes}
+	cfg.Provision.Replicas = 3
+	cfg.ReadyTimeout = 3 * time.Second
+	b, err := broker.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Shutdown(context.Background())
+	err = b.Start(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "JetStream not ready") || !strings.Contains(err.Error(), "elected a meta leader") || !strings.Contains(err.Error(), routes[1]) {
+		t.Fatalf("a lone node of a three-node cluster started: %v", err)
+	}
+}
+
 func TestClusterNodeShutsDownInLameDuck(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cluster test: -short")
