@@ -8,5 +8,5 @@ import (
 )
 
 func TestConformance(t *testing.T) {
-	kernelstest.RunAll(t, cpu.New(), kernelstest.RequireAll())
+	kernelstest.RunAll(t, cpu.New(), kernelstest.RequireAll(), kernelstest.Parallel())
 }

@@ -62,6 +62,9 @@ func RunAll(t *testing.T, b kernels.Backend, opts ...Option) {
 	})
 	run := func(name string, f func(*suite)) {
 		t.Run(name, func(t *testing.T) {
+			if o.parallel {
+				t.Parallel()
+			}
 			h := fnv.New64a()
 			h.Write([]byte(name))
 			s := &suite{t: t, b: b, r: rand.New(rand.NewPCG(seed, h.Sum64())), opts: o}
@@ -100,7 +103,12 @@ type Option func(*options)
 type options struct {
 	requireAll bool
 	require    map[string]bool
+	parallel   bool
 }
+
+// Parallel runs the ops' tests in parallel with each other (t.Parallel):
+// for a backend safe for concurrent use by several callers.
+func Parallel() Option { return func(o *options) { o.parallel = true } }
 
 // RequireAll fails every case the backend answers with
 // kernels.ErrNotImplemented, whatever its dtype: for a backend that
