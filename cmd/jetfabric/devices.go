@@ -6,6 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strconv"
 	"text/tabwriter"
 	"time"
@@ -13,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/jetfabric/jetfabric/client"
+	"github.com/jetfabric/jetfabric/codec"
 	"github.com/jetfabric/jetfabric/subjects"
 )
 
@@ -42,6 +45,7 @@ func runDevices(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return enc.Encode(devs)
 	}
 	printDevices(stdout, devs, time.Now())
+	printTenants(stdout, devs)
 	if gpus := liveGPUs(devs, time.Now()); len(gpus) > 0 {
 		// GPU workers publish telemetry every few seconds: wait for one round.
 		tw, err := watchTelemetry(c.Conn(), subjects.Default())
@@ -67,6 +71,44 @@ func printDevices(w io.Writer, devs []client.Device, now time.Time) {
 	fmt.Fprintf(tw, "DEVICE\tKIND\tBACKEND\tSTATE\tSESSIONS\tMEMORY\tAPPLIED\tLAG\tWORKER\tHEARTBEAT\n")
 	for _, d := range devs {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%d\t%d\t%s\t%v ago\n", d.Name, d.Kind, d.Backend, deviceState(d, now), d.Sessions, memoryText(d), d.Applied, d.Lag, d.Worker, now.Sub(d.Beat).Round(time.Millisecond))
+	}
+	tw.Flush()
+}
+
+// printTenants writes each tenant's use of each device as the devices'
+// entries report it (with tenants only; nothing when no tenant uses any),
+// and the tenant's use of all of them, which its quotas bound.
+func printTenants(w io.Writer, devs []client.Device) {
+	use := map[string]map[string]codec.TenantUse{}
+	for _, d := range devs {
+		for tn, u := range d.Tenants {
+			if use[tn] == nil {
+				use[tn] = map[string]codec.TenantUse{}
+			}
+			use[tn][d.Name] = u
+		}
+	}
+	if len(use) == 0 {
+		return
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "TENANT\tDEVICE\tSESSIONS\tMEMORY\tFRAMES/S\n")
+	row := func(tn, dev string, u codec.TenantUse) {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", tn, dev, u.Sessions, byteText(u.Bytes), strconv.FormatFloat(u.FPS, 'f', 1, 64))
+	}
+	for _, tn := range slices.Sorted(maps.Keys(use)) {
+		var all codec.TenantUse
+		for _, dev := range slices.Sorted(maps.Keys(use[tn])) {
+			u := use[tn][dev]
+			row(tn, dev, u)
+			all.Sessions += u.Sessions
+			all.Bytes += u.Bytes
+			all.FPS += u.FPS
+		}
+		if len(use[tn]) > 1 {
+			row(tn, "all", all)
+		}
 	}
 	tw.Flush()
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/jetfabric/jetfabric/broker"
 	"github.com/jetfabric/jetfabric/broker/brokertest"
 	"github.com/jetfabric/jetfabric/client"
+	"github.com/jetfabric/jetfabric/codec"
 )
 
 // TestMain lets the test binary run as the jetfabric command, so tests can
@@ -275,5 +276,29 @@ func TestRaftTimersFlag(t *testing.T) {
 		if err != nil || cfg.Cluster.Raft != want {
 			t.Errorf("-raft-timers %q: %+v, %v; want %+v", value, cfg.Cluster.Raft, err, want)
 		}
+	}
+}
+
+// TestPrintTenants: each tenant's use of each device, and of all of them
+// where it uses several; nothing without tenants.
+func TestPrintTenants(t *testing.T) {
+	var b strings.Builder
+	printTenants(&b, []client.Device{{Name: "cpu-0"}, {Name: "cpu-1"}})
+	if b.Len() != 0 {
+		t.Errorf("devices without tenants: %q", b.String())
+	}
+	printTenants(&b, []client.Device{
+		{Name: "cpu-1", Tenants: map[string]codec.TenantUse{"b": {Sessions: 2, Bytes: 3 << 20, FPS: 1.5}, "a": {Sessions: 1, Bytes: 100}}},
+		{Name: "cpu-0", Tenants: map[string]codec.TenantUse{"b": {Sessions: 1, Bytes: 1 << 20, FPS: 2}}},
+	})
+	want := `
+TENANT  DEVICE  SESSIONS  MEMORY  FRAMES/S
+a       cpu-1   1         100B    0.0
+b       cpu-0   1         1.0M    2.0
+b       cpu-1   2         3.0M    1.5
+b       all     3         4.0M    3.5
+`
+	if b.String() != want {
+		t.Errorf("got\n%s\nwant\n%s", b.String(), want)
 	}
 }

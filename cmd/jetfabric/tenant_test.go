@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -857,6 +858,18 @@ func testQuotas(t *testing.T, f *tenantFabric) {
 	if _, err := c.Read(ctx); err != nil {
 		t.Errorf("within the byte quota after a free: %v", err)
 	}
+	// What the quotas count, as devices shows it to the fabric's own user.
+	poll.Until(t, time.Minute, 100*time.Millisecond, func() error {
+		var out, errb bytes.Buffer
+		if code := run(ctx, []string{"devices", "--url", f.url, "--creds", tenant.ServiceCreds(f.dir)}, &out, &errb); code != 0 {
+			return fmt.Errorf("devices: %s", errb.String())
+		}
+		if !regexp.MustCompile(`(?m)^TENANT +DEVICE +SESSIONS +MEMORY +FRAMES/S$`).MatchString(out.String()) ||
+			!regexp.MustCompile(`(?m)^quota +cpu-0 +1 +768K +[0-9.]+$`).MatchString(out.String()) {
+			return fmt.Errorf("no use of tenant quota in:\n%s", out.String())
+		}
+		return nil
+	})
 	// 0.01 frames per second: the first frame runs, the next is refused.
 	slow := f.connect(t, "slow")
 	s3, err := slow.Open(ctx, "cpu-0")
