@@ -64,8 +64,17 @@ type ckptManifest struct {
 	Sessions []ckptSession `cbor:"sessions"`
 	// Freed are the sessions freed as idle (version 2).
 	Freed []string `cbor:"freed,omitempty"`
-	// View is the device's quota view in effect at Seq (quota.go).
-	View *codec.QuotaView `cbor:"view,omitempty"`
+	// View is the device's quota view in effect at Seq, Buckets the
+	// tenants' frame quota buckets (quota.go).
+	View    *codec.QuotaView      `cbor:"view,omitempty"`
+	Buckets map[string]ckptBucket `cbor:"buckets,omitempty"`
+}
+
+// ckptBucket is a tenant's frame quota bucket on the device; At is in
+// Unix nanoseconds (a replay must refill it exactly as the first run).
+type ckptBucket struct {
+	Tokens float64 `cbor:"tokens"`
+	At     int64   `cbor:"at"`
 }
 
 type ckptSession struct {
@@ -132,6 +141,7 @@ type ckptSnapshot struct {
 	sessions []snapSession
 	freed    []string
 	view     *codec.QuotaView
+	buckets  map[string]ckptBucket
 	consumed []string
 	// small holds the bytes of every tensor of ckptInline bytes or less,
 	// copied one after another.
@@ -271,6 +281,14 @@ func (d *device) snapshot(ctx context.Context) (*ckptSnapshot, error) {
 	}
 	snap.freed = append(snap.freed, d.live.order...)
 	snap.view = d.view.Load()
+	for tn, u := range d.tenantUses {
+		if !u.at.IsZero() {
+			if snap.buckets == nil {
+				snap.buckets = map[string]ckptBucket{}
+			}
+			snap.buckets[tn] = ckptBucket{Tokens: u.tokens, At: u.at.UnixNano()}
+		}
+	}
 	b := d.cfg.Backend
 	for _, s := range d.sessions {
 		ss := snapSession{ckptSession: ckptSession{ID: s.id, Seed: s.seed, Frame: s.frame, Pending: append([]codec.Error(nil), s.pending...)}}
@@ -349,7 +367,7 @@ func (d *device) writeCheckpoint(ctx context.Context, snap *ckptSnapshot) (ref *
 	have, oldObject := d.ck.objects, d.ck.object
 	d.ck.mu.Unlock()
 	name := subjects.CheckpointObject(d.cfg.Name, snap.seq)
-	man := ckptManifest{V: 2, Device: d.cfg.Name, Seq: snap.seq, Freed: snap.freed, View: snap.view}
+	man := ckptManifest{V: 2, Device: d.cfg.Name, Seq: snap.seq, Freed: snap.freed, View: snap.view, Buckets: snap.buckets}
 	refs := map[string]bool{}
 	digests := map[*kernels.Tensor]string{}
 	// On failure nothing is deleted here: a tensor object may be named
@@ -591,6 +609,12 @@ func (d *device) restore(ctx context.Context) (uint64, error) {
 	}
 	if man.View != nil {
 		d.view.Store(man.View)
+	}
+	for tn, b := range man.Buckets {
+		if subjects.ValidateTenant(tn) == nil {
+			u := d.useOf(tn)
+			u.tokens, u.at = b.Tokens, time.Unix(0, b.At)
+		}
 	}
 	d.startLazy(lazy, lazyBytes)
 	d.startPrefetch(man.Seq)

@@ -589,9 +589,10 @@ func (d *device) handle(msg jetstream.Msg, md *jetstream.MsgMetadata) {
 			refuse(codec.CodePermission, "%v", err)
 			return
 		}
-		// Replayed frames were allowed once: a catch-up is not rated.
+		// Rated by the time the stream stored the frame, with the
+		// bucket a checkpoint keeps: a replay decides as the first run.
 		u := d.useOf(tn)
-		if !d.replay.on && !d.allowFrame(u, tn, rec, time.Now()) {
+		if !d.allowFrame(u, tn, rec, md.Timestamp) {
 			refuse(codec.CodeQuota, "tenant %s's frame quota: over %g frames per second on all devices (%g a second on others); the frame was not run",
 				tn, rec.FPS, d.elsewhere(tn).FPS)
 			return

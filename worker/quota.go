@@ -41,7 +41,8 @@ type tenantUse struct {
 	frames, noted uint64
 	// tokens and at are the frame quota's bucket: refilled at the
 	// tenant's share of its frames per second, holding at most one
-	// second's worth (and at least one frame).
+	// second's worth (and at least one frame); at is the stream's time of
+	// the last frame rated. Checkpoints keep them (ckptBucket).
 	tokens float64
 	at     time.Time
 }
@@ -194,8 +195,10 @@ func (d *device) noteUse(now time.Time) {
 	el := now.Sub(d.usedAt).Seconds()
 	for tn, tu := range d.tenantUses {
 		u, live := use[tn]
-		if !live && tu.held == 0 && now.Sub(tu.at) > time.Second {
-			delete(d.tenantUses, tn) // no session can refer to it
+		if !live && tu.held == 0 && tu.at.IsZero() {
+			// No session refers to it, and it has no bucket that a
+			// replay would need as it is.
+			delete(d.tenantUses, tn)
 			continue
 		}
 		u.Bytes = tu.held

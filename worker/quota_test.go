@@ -75,6 +75,10 @@ func TestQuotasAcrossDevices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	rcreds, err := tenant.Add(dir, subjects.Default(), codec.Tenant{Name: "r", FPS: 0.01}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
 	b := brokertest.Run(t, func(c *broker.Config) { c.AuthDir = dir })
 	fast := func(c *worker.Config) { c.Heartbeat = 100 * time.Millisecond; c.CheckpointInterval = 0 }
 	cpu1 := workertest.CPUs(2)[1:]
@@ -167,11 +171,26 @@ func TestQuotasAcrossDevices(t *testing.T) {
 	if err := s0.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// r may run a frame every 100 s: its first runs, and empties its
+	// bucket, which cpu-0's checkpoint keeps.
+	r, err := client.Connect(b.ClientURL(), client.WithCreds(rcreds))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	rs, err := r.Open(ctx, "cpu-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rs.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
 
 	// The replay: cpu-0's checkpoint keeps its view (q has a session on
-	// cpu-1, none on cpu-0); two new sessions of q stored while nobody
-	// serves cpu-0 are replayed by the next owner, which admits the first
-	// (0 here, 1 elsewhere) and refuses the second, as w0 would have.
+	// cpu-1, none on cpu-0) and r's bucket; two new sessions of q and two
+	// frames of r stored while nobody serves cpu-0 are replayed by the
+	// next owner, which admits q's first (0 here, 1 elsewhere) and refuses
+	// its second and both of r's, as w0 would have.
 	if err := w0.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +212,38 @@ func TestQuotasAcrossDevices(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	rinbox := r.Conn().NewRespInbox()
+	rAnswers, err := r.Conn().SubscribeSync(rinbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rjs, err := jetstream.New(r.Conn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		m := nats.NewMsg("fabric.t.r.ops.cpu-0." + rs.ID())
+		m.Data = []byte(`{"v":1,"ops":[{"op":"sync","tag":1}]}`)
+		m.Header.Set(subjects.HeaderReply, rinbox)
+		m.Header.Set(subjects.HeaderContentType, "application/json")
+		if _, err := rjs.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
 	workertest.Run(t, b, workertest.CPUs(1), fast, func(c *worker.Config) { c.ID = "w0-again" })
+	for i := range 2 {
+		m, err := rAnswers.NextMsgWithContext(ctx)
+		if err != nil {
+			t.Fatalf("answer %d of r's replayed frames: %v", i, err)
+		}
+		var res codec.Result
+		if err := json.Unmarshal(m.Data, &res); err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Errors) == 0 || res.Errors[0].Code != codec.CodeQuota || !strings.Contains(res.Errors[0].Message, "frame quota") {
+			t.Errorf("r's replayed frame %d: %+v; want the frame quota's refusal", i, res)
+		}
+	}
 	var got []string
 	for range 2 {
 		m, err := answers.NextMsgWithContext(ctx)
