@@ -24,9 +24,10 @@ import (
 // the device's worker sums the other serving devices' entries into a view
 // (codec.QuotaView) and, when the view changes, publishes it into the
 // device's own frames. The device takes the view at its place in the
-// stream, and its checkpoints keep the view in effect, so a replay after a
-// takeover decides each frame with the view its first run had: the same
-// sessions admitted and the same allocations refused. A tenant's use of
+// stream, and its checkpoints keep the view in effect (and the frame
+// quota's buckets, which run on the stream's times), so a replay after a
+// takeover decides each frame as its first run did: the same sessions
+// admitted, the same frames and allocations refused. A tenant's use of
 // another device counts from that device's next heartbeat: a tenant busy on
 // several devices at once can pass a quota, for a heartbeat or two, by what
 // it takes on them meanwhile.
