@@ -198,6 +198,10 @@ func (l *jobLoop) run1(ctx context.Context, tenant string, job *codec.Job, seq u
 				Errors: []codec.Error{{Seq: seq, Code: codeOf(err), Message: err.Error()}}}
 		}
 		s.tenant, s.use = tenant, l.dev.useOf(tenant)
+		// Its bytes count with the tenant's on every device, as their
+		// registry entries report them (a job is not replayed: it runs
+		// again from the start).
+		l.dev.view.Store(&codec.QuotaView{Tenants: l.w.viewOf("", time.Now())})
 	}
 	for i := range job.Ops {
 		if x.op(i, &job.Ops[i]) {

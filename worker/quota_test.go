@@ -18,6 +18,7 @@ import (
 	"github.com/jetfabric/jetfabric/client"
 	"github.com/jetfabric/jetfabric/codec"
 	"github.com/jetfabric/jetfabric/internal/poll"
+	"github.com/jetfabric/jetfabric/kernels/cpu"
 	"github.com/jetfabric/jetfabric/subjects"
 	"github.com/jetfabric/jetfabric/tenant"
 	"github.com/jetfabric/jetfabric/worker"
@@ -82,7 +83,10 @@ func TestQuotasAcrossDevices(t *testing.T) {
 	b := brokertest.Run(t, func(c *broker.Config) { c.AuthDir = dir })
 	fast := func(c *worker.Config) { c.Heartbeat = 100 * time.Millisecond; c.CheckpointInterval = 0 }
 	cpu1 := workertest.CPUs(2)[1:]
-	w1 := workertest.Run(t, b, cpu1, fast, func(c *worker.Config) { c.ID = "w1" })
+	w1 := workertest.Run(t, b, cpu1, fast, func(c *worker.Config) {
+		c.ID = "w1"
+		c.Jobs = []worker.Jobs{{Kind: "cpu", Backend: cpu.New()}}
+	})
 	w0 := workertest.Run(t, b, workertest.CPUs(1), fast, func(c *worker.Config) { c.ID = "w0" })
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -124,6 +128,19 @@ func TestQuotasAcrossDevices(t *testing.T) {
 	waitElsewhere(t, w1, "cpu-1", "bytes", 512<<10)
 	if _, err := s1.Full([]int{192 << 10}, 1).Read(ctx); !isQuota(err, "byte quota: 0 bytes held on device cpu-1 and 524288 on others, 786432 more asked") {
 		t.Fatalf("768 KiB on cpu-1 beside 512 KiB on cpu-0: %v", err)
+	}
+	// A job of q counts them too (w1 takes the jobs, and has seen them).
+	job := q.NewJob()
+	jid, err := q.Submit(ctx, "cpu", job, job.Full([]int{192 << 10}, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := q.Wait(ctx, jid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := res[0].Errors; len(e) == 0 || e[0].Code != codec.CodeQuota || !strings.Contains(e[0].Message, "524288 on others, 786432 more asked") {
+		t.Fatalf("a job of 768 KiB beside 512 KiB on cpu-0: %+v", res[0])
 	}
 	a.Free()
 	if err := s0.Sync(ctx); err != nil {
