@@ -84,12 +84,13 @@ func (d *device) allowFrame(u *tenantUse, tenant string, rec *codec.Tenant, now 
 		rate = max(rec.FPS/float64(e.Devices+1), rec.FPS-e.FPS)
 	}
 	burst := max(1, rate)
-	if u.at.IsZero() {
-		u.tokens = burst
-	} else {
+	switch {
+	case u.at.IsZero():
+		u.tokens, u.at = burst, now
+	case now.After(u.at): // a stream leader on another node may stamp earlier
 		u.tokens = min(burst, u.tokens+now.Sub(u.at).Seconds()*rate)
+		u.at = now
 	}
-	u.at = now
 	if u.tokens < 1 {
 		return false
 	}

@@ -38,6 +38,19 @@ func TestFrameShare(t *testing.T) {
 	if !(&device{}).allowFrame(&tenantUse{}, "q", &codec.Tenant{Name: "q"}, time.Now()) {
 		t.Error("a tenant without a frame quota refused")
 	}
+	// A frame stamped before the last one (a stream leader elected on
+	// another node, its clock behind) neither refills nor goes back.
+	d, u := &device{}, &tenantUse{}
+	at := time.Unix(1000, 0)
+	for range 10 {
+		d.allowFrame(u, "q", rec, at) // the burst of 10, spent
+	}
+	if d.allowFrame(u, "q", rec, at.Add(-time.Hour)) || !u.at.Equal(at) {
+		t.Errorf("a frame stamped an hour earlier: tokens %g, at %v", u.tokens, u.at)
+	}
+	if !d.allowFrame(u, "q", rec, at.Add(100*time.Millisecond)) {
+		t.Error("no frame 0.1 s later at 10 a second")
+	}
 }
 
 func TestRoundRate(t *testing.T) {
