@@ -180,8 +180,8 @@ func decodeView(data []byte) (*codec.QuotaView, error) {
 
 // noteUse publishes each tenant's use of the device for its registry
 // entry: live sessions, bytes held, and the frames a second admitted since
-// the last note. A tenant with nothing left on the device is forgotten.
-// Device loop only (housekeeping).
+// the last note. A tenant with no session, no bytes and no frame bucket on
+// the device is forgotten. Device loop only (housekeeping).
 func (d *device) noteUse(now time.Time) {
 	if !d.w.cfg.Tenants {
 		return
