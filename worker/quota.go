@@ -231,22 +231,7 @@ func (w *Worker) watchUse() error {
 		return fmt.Errorf("worker: watch the registry: %w", err)
 	}
 	w.tn.entries = map[string]codec.Device{}
-	w.wg.Go(func() {
-		defer func() { _ = watcher.Stop() }()
-		for {
-			select {
-			case <-w.stop:
-				return
-			case e, ok := <-watcher.Updates():
-				if !ok {
-					return
-				}
-				if e != nil {
-					w.noteEntry(e)
-				}
-			}
-		}
-	})
+	w.follow(watcher, func() {}, w.noteEntry)
 	return nil
 }
 

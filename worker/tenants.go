@@ -51,28 +51,12 @@ func (w *Worker) watchTenants(ctx context.Context) error {
 		return fmt.Errorf("worker: watch tenant records: %w", err)
 	}
 	loaded := make(chan struct{})
-	w.wg.Go(func() {
-		defer func() { _ = watcher.Stop() }()
-		once := sync.OnceFunc(func() { close(loaded) })
-		defer once()
-		for {
-			select {
-			case <-w.stop:
-				return
-			case e, ok := <-watcher.Updates():
-				if !ok {
-					return
-				}
-				if e == nil {
-					once()
-					continue
-				}
-				if testHookTenantWatch != nil {
-					testHookTenantWatch()
-				}
-				w.noteTenant(e)
-			}
+	once := sync.OnceFunc(func() { close(loaded) })
+	w.follow(watcher, once, func(e jetstream.KeyValueEntry) {
+		if testHookTenantWatch != nil {
+			testHookTenantWatch()
 		}
+		w.noteTenant(e)
 	})
 	select {
 	case <-loaded:
@@ -80,6 +64,31 @@ func (w *Worker) watchTenants(ctx context.Context) error {
 	case <-ctx.Done():
 		return fmt.Errorf("worker: tenant records: %w", ctx.Err())
 	}
+}
+
+// follow runs note on each entry that watcher brings, on a goroutine of
+// its own, until Stop or the watcher's end, and then stops it; caught up
+// runs once the values present at the start are in, or at the end.
+func (w *Worker) follow(watcher jetstream.KeyWatcher, caughtUp func(), note func(jetstream.KeyValueEntry)) {
+	w.wg.Go(func() {
+		defer func() { _ = watcher.Stop() }()
+		defer caughtUp()
+		for {
+			select {
+			case <-w.stop:
+				return
+			case e, ok := <-watcher.Updates():
+				switch {
+				case !ok:
+					return
+				case e == nil:
+					caughtUp()
+				default:
+					note(e)
+				}
+			}
+		}
+	})
 }
 
 // testHookTenantWatch, when set (by tests, before a worker starts), runs
