@@ -57,6 +57,32 @@ func waitElsewhere(t *testing.T, w *worker.Worker, device, quota string, want fl
 	})
 }
 
+// storeSyncs stores a frame with a sync in the stream for each session
+// of tenant on cpu-0, in order, through c's connection, and returns the
+// subscription their answers will come on.
+func storeSyncs(ctx context.Context, t *testing.T, c *client.Client, tenant string, sessions ...string) *nats.Subscription {
+	t.Helper()
+	js, err := jetstream.New(c.Conn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	inbox := c.Conn().NewRespInbox()
+	answers, err := c.Conn().SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sid := range sessions {
+		m := nats.NewMsg("fabric.t." + tenant + ".ops.cpu-0." + sid)
+		m.Data = []byte(`{"v":1,"ops":[{"op":"sync","tag":1}]}`)
+		m.Header.Set(subjects.HeaderReply, inbox)
+		m.Header.Set(subjects.HeaderContentType, "application/json")
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return answers
+}
+
 func isQuota(err error, text string) bool {
 	var e *codec.Error
 	return errors.As(err, &e) && e.Code == codec.CodeQuota && strings.Contains(e.Message, text)
@@ -211,42 +237,8 @@ func TestQuotasAcrossDevices(t *testing.T) {
 	if err := w0.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
-	qjs, err := jetstream.New(q.Conn())
-	if err != nil {
-		t.Fatal(err)
-	}
-	inbox := q.Conn().NewRespInbox()
-	answers, err := q.Conn().SubscribeSync(inbox)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, sid := range []string{"replayed1", "replayed2"} {
-		m := nats.NewMsg("fabric.t.q.ops.cpu-0." + sid)
-		m.Data = []byte(`{"v":1,"ops":[{"op":"sync","tag":1}]}`)
-		m.Header.Set(subjects.HeaderReply, inbox)
-		m.Header.Set(subjects.HeaderContentType, "application/json")
-		if _, err := qjs.PublishMsg(ctx, m); err != nil {
-			t.Fatal(err)
-		}
-	}
-	rinbox := r.Conn().NewRespInbox()
-	rAnswers, err := r.Conn().SubscribeSync(rinbox)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rjs, err := jetstream.New(r.Conn())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for range 2 {
-		m := nats.NewMsg("fabric.t.r.ops.cpu-0." + rs.ID())
-		m.Data = []byte(`{"v":1,"ops":[{"op":"sync","tag":1}]}`)
-		m.Header.Set(subjects.HeaderReply, rinbox)
-		m.Header.Set(subjects.HeaderContentType, "application/json")
-		if _, err := rjs.PublishMsg(ctx, m); err != nil {
-			t.Fatal(err)
-		}
-	}
+	answers := storeSyncs(ctx, t, q, "q", "replayed1", "replayed2")
+	rAnswers := storeSyncs(ctx, t, r, "r", rs.ID(), rs.ID())
 	workertest.Run(t, b, workertest.CPUs(1), fast, func(c *worker.Config) { c.ID = "w0-again" })
 	for i := range 2 {
 		m, err := rAnswers.NextMsgWithContext(ctx)
