@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -29,21 +28,8 @@ import (
 // quota view on w holds it (0 when the view names no use of q).
 func elsewhere(t *testing.T, w *worker.Worker, device, quota string) float64 {
 	t.Helper()
-	var b strings.Builder
-	if err := w.WriteMetrics(&b); err != nil {
-		t.Fatal(err)
-	}
-	prefix := `jetfabric_tenant_use_elsewhere{device="` + device + `",tenant="q",quota="` + quota + `"} `
-	for line := range strings.Lines(b.String()) {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), prefix); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return f
-		}
-	}
-	return 0
+	v, _ := workertest.Sample(t, w, `jetfabric_tenant_use_elsewhere{device="`+device+`",tenant="q",quota="`+quota+`"}`)
+	return v
 }
 
 // waitElsewhere waits until device's view on w counts want of quota for q.

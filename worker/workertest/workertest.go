@@ -91,20 +91,30 @@ func TensorBytes(t testing.TB, w *worker.Worker, device string) float64 {
 // Metric is the sample of the device metric name for device on w.
 func Metric(t testing.TB, w *worker.Worker, name, device string) float64 {
 	t.Helper()
+	series := name + `{device="` + device + `"}`
+	v, ok := Sample(t, w, series)
+	if !ok {
+		t.Fatalf("no %s in the metrics", series)
+	}
+	return v
+}
+
+// Sample is the value of series (a metric's name and its labels, as the
+// exposition writes them) on w, and whether w has it.
+func Sample(t testing.TB, w *worker.Worker, series string) (float64, bool) {
+	t.Helper()
 	var b strings.Builder
 	if err := w.WriteMetrics(&b); err != nil {
 		t.Fatal(err)
 	}
-	prefix := name + `{device="` + device + `"} `
 	for line := range strings.Lines(b.String()) {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), prefix); ok {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), series+" "); ok {
 			f, err := strconv.ParseFloat(v, 64)
 			if err != nil {
 				t.Fatal(err)
 			}
-			return f
+			return f, true
 		}
 	}
-	t.Fatalf("no %s in the metrics", prefix)
-	return 0
+	return 0, false
 }
