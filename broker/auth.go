@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -84,12 +85,25 @@ func (b *Broker) applyAccounts(toks []string) (int, error) {
 	defer b.accMu.Unlock()
 	n := 0
 	var errs []error
+	type account struct {
+		tok string
+		ac  *jwt.AccountClaims
+	}
+	var accs []account
 	for _, tok := range toks {
 		ac, err := jwt.DecodeAccountClaims(tok)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
+		accs = append(accs, account{tok, ac})
+	}
+	// The accounts that export first: an account put in force before the
+	// exports it imports lets its users connect to imports that answer
+	// nothing (no responders) until the exporter's turn comes.
+	slices.SortStableFunc(accs, func(a, b account) int { return cmp.Compare(len(b.ac.Exports), len(a.ac.Exports)) })
+	for _, a := range accs {
+		tok, ac := a.tok, a.ac
 		if ac.Issuer != b.auth.Operator.Subject {
 			errs = append(errs, fmt.Errorf("account %s (%s): not signed by the operator", ac.Name, ac.Subject))
 			continue
