@@ -35,6 +35,13 @@ type Client struct {
 	xfer     *objectstore.Store
 	closed   bool
 
+	// lanes is the transfer bucket on xfer's connection and on the
+	// connections laneNC dialled beside it (see transferLanes); laneMu
+	// guards both, apart from mu, since dialling takes a while.
+	laneMu sync.Mutex
+	lanes  objectstore.Lanes
+	laneNC []*nats.Conn
+
 	// redeliv publishes again the frames whose publish failed (see
 	// redelivery); its goroutine runs from newClient to Close.
 	redeliv redelivery
@@ -356,6 +363,57 @@ func (c *Client) objects() (*objectstore.Store, error) {
 	return c.xfer, nil
 }
 
+// transferLanes is the transfer bucket on WithLanes connections: the
+// client's own and the others, dialled on first use with its connection's
+// options. A lane that cannot be dialled (a tenant's connection limit,
+// say) is done without.
+func (c *Client) transferLanes() (objectstore.Lanes, error) {
+	first, err := c.objects()
+	if err != nil {
+		return nil, err
+	}
+	c.laneMu.Lock()
+	defer c.laneMu.Unlock()
+	if c.lanes != nil {
+		return c.lanes, nil
+	}
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		return objectstore.Lanes{first}, nil // dial nothing Close would not close
+	}
+	c.lanes = objectstore.Lanes{first}
+	for i := 1; i < c.opts.lanes; i++ {
+		opts := c.nc.Opts
+		opts.Name = fmt.Sprintf("%s lane %d", opts.Name, i+1)
+		// The caller's handlers are for its own connection.
+		opts.ClosedCB, opts.DisconnectedCB, opts.DisconnectedErrCB, opts.ConnectedCB = nil, nil, nil, nil
+		opts.ReconnectedCB, opts.DiscoveredServersCB, opts.AsyncErrorCB, opts.ReconnectErrCB = nil, nil, nil, nil
+		nc, err := opts.Connect()
+		if err != nil {
+			break
+		}
+		s, err := c.laneStore(nc)
+		if err != nil {
+			nc.Close()
+			break
+		}
+		c.lanes = append(c.lanes, s)
+		c.laneNC = append(c.laneNC, nc)
+	}
+	return c.lanes, nil
+}
+
+// laneStore is the transfer bucket on the lane connection nc.
+func (c *Client) laneStore(nc *nats.Conn) (*objectstore.Store, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	return objectstore.New(js, c.names.XferBucket(), objectstore.WithTimeout(c.opts.objectTimeout))
+}
+
 // Close closes every session's subscription and, if the client dialled
 // the connection, the connection. It does not wait for workers; close
 // sessions first to free their tensors.
@@ -376,6 +434,12 @@ func (c *Client) Close() error {
 	for _, s := range sessions {
 		s.abandon()
 	}
+	c.laneMu.Lock()
+	for _, nc := range c.laneNC {
+		nc.Close()
+	}
+	c.laneNC = nil
+	c.laneMu.Unlock()
 	if c.owns {
 		c.nc.Close()
 	}

@@ -306,6 +306,8 @@ func TestBadOptions(t *testing.T) {
 		"objects":   client.WithObjectTimeout(0),
 		"heartbeat": client.WithHeartbeat(-time.Second),
 		"device":    client.WithDeviceTimeout(-time.Second),
+		"lanes0":    client.WithLanes(0),
+		"lanes17":   client.WithLanes(17),
 	} {
 		if _, err := client.Connect("nats://127.0.0.1:1", o); !errors.Is(err, client.ErrInvalidOption) {
 			t.Errorf("%s: %v", name, err)

@@ -2,6 +2,7 @@ package client
 
 import (
 	"fmt"
+	"runtime"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -19,6 +20,7 @@ type options struct {
 	window        int
 	frameCheck    time.Duration
 	objectTimeout time.Duration
+	lanes         int
 	heartbeat     time.Duration
 	deviceTimeout time.Duration
 	callTimeout   time.Duration
@@ -38,6 +40,7 @@ func defaultOptions() options {
 		window:        256,
 		frameCheck:    200 * time.Millisecond,
 		objectTimeout: 5 * time.Second,
+		lanes:         min(4, max(1, runtime.NumCPU()/4)),
 		heartbeat:     30 * time.Second,
 		deviceTimeout: 30 * time.Second,
 		callTimeout:   5 * time.Minute,
@@ -195,6 +198,22 @@ func WithObjectTimeout(d time.Duration) Option {
 			return fmt.Errorf("%w: object timeout %v, want [1ms, 1h]", ErrInvalidOption, d)
 		}
 		o.objectTimeout = d
+		return nil
+	}
+}
+
+// WithLanes sets how many connections move a large upload or result as
+// pieces in parallel, 1 to 16 (default a lane for every four cores, 1 to
+// 4; see objectstore.Lanes). The lanes beside the client's connection are
+// dialled, with its options, at the first upload or read that uses them;
+// a lane that cannot be dialled is done without. 1 moves every object
+// whole on the client's connection.
+func WithLanes(n int) Option {
+	return func(o *options) error {
+		if n < 1 || n > 16 {
+			return fmt.Errorf("%w: lanes %d, want 1 to 16", ErrInvalidOption, n)
+		}
+		o.lanes = n
 		return nil
 	}
 }

@@ -800,10 +800,11 @@ func (s *Session) Upload(ctx context.Context, dtype string, shape []int, data []
 		op.Data = data
 		return s.enqueue(op, 1), nil
 	}
-	store, err := s.c.objects()
+	lanes, err := s.c.transferLanes()
 	if err != nil {
 		return nil, err
 	}
+	store := lanes[0]
 	meta := map[string]string{"dtype": dtype}
 	if s.record {
 		// A job's inputs must be complete before it is submitted.
@@ -817,7 +818,7 @@ func (s *Session) Upload(ctx context.Context, dtype string, shape []int, data []
 		}
 		return s.enqueue(op, 1), nil
 	}
-	return s.uploadWhileWriting(ctx, store, op, data, meta)
+	return s.uploadWhileWriting(ctx, lanes, op, data, meta)
 }
 
 // uploadName names an upload by its content, so the same bytes uploaded
@@ -826,14 +827,44 @@ func uploadName(sum [sha256.Size]byte) string { return "upload-" + hex.EncodeToS
 
 // uploadWhileWriting sends the op at once, naming the object by an alias
 // (upload-<chunk subject token>) and its chunk subject, and writes data,
-// hashing it beside the write, so the worker copies the chunks while they
-// are written. The data object is named by its digest; once the digest is
-// known, the write either finds those bytes stored before (it stops, its
-// chunks are purged) or finishes, and in both cases the client makes the
-// alias a link to the object named by the digest.
-func (s *Session) uploadWhileWriting(ctx context.Context, store *objectstore.Store, op codec.Op, data []byte, meta map[string]string) (*Tensor, error) {
+// so the worker copies the chunks while they are written. A large upload
+// goes as pieces, one on each lane, written in parallel (the op says how
+// many; each piece is an upload of its own to the object store: alias
+// <alias>.<i>, chunk subject <token>-<i>).
+func (s *Session) uploadWhileWriting(ctx context.Context, lanes objectstore.Lanes, op codec.Op, data []byte, meta map[string]string) (*Tensor, error) {
 	op.NUID = objectstore.NewNUID()
 	op.Object = "upload-" + op.NUID
+	k := lanes.Pieces(len(data), objectstore.MaxPieces)
+	if k > 1 {
+		op.Pieces = k
+	}
+	t := s.enqueue(op, 1)
+	s.Flush()
+	err := lanes.Each(ctx, k, func(ctx context.Context, store *objectstore.Store, i int) error {
+		if k == 1 {
+			return writeUpload(ctx, store, op.Object, op.NUID, data, meta)
+		}
+		lo, hi := objectstore.PieceRange(len(data), k, i)
+		return writeUpload(ctx, store, objectstore.PieceName(op.Object, i), objectstore.PieceNUID(op.NUID, i), data[lo:hi], meta)
+	})
+	if err != nil {
+		// The worker is following the aliases: tell it why nothing will come.
+		reason := "the client's upload failed: " + err.Error()
+		if k > 1 {
+			lanes.Abort(context.WithoutCancel(ctx), op.Object, op.NUID, k, reason)
+		} else {
+			_ = lanes[0].Abort(context.WithoutCancel(ctx), op.Object, op.NUID, reason)
+		}
+		return nil, fmt.Errorf("client: upload %d bytes: %w", len(data), err)
+	}
+	return t, nil
+}
+
+// writeUpload writes data on the chunk subject nuid, hashing it beside
+// the write, and makes alias a link to the object named by the digest.
+// Once the digest is known, the write either finds those bytes stored
+// before (it stops, its chunks are purged) or finishes.
+func writeUpload(ctx context.Context, store *objectstore.Store, alias, nuid string, data []byte, meta map[string]string) error {
 	// stored reports whether the digest's object was stored before, by
 	// this or another session. When it was, the write goes on under a
 	// name of its own (soon abandoned): writing the meta over the stored
@@ -847,56 +878,46 @@ func (s *Session) uploadWhileWriting(ctx context.Context, store *objectstore.Sto
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		_, err := store.Put(pctx, "", data, meta, objectstore.WithNUID(op.NUID), objectstore.WithNameFromDigest(func(sum [sha256.Size]byte) string {
+		_, err := store.Put(pctx, "", data, meta, objectstore.WithNUID(nuid), objectstore.WithNameFromDigest(func(sum [sha256.Size]byte) string {
 			name := uploadName(sum)
 			info, err := store.Stat(pctx, name)
 			stored := err == nil && info.Size == int64(len(data))
 			named <- digestName{name, stored}
 			if stored {
-				return "upload-dup-" + op.NUID
+				return "upload-dup-" + nuid
 			}
 			return name
 		}))
 		done <- err
 	}()
-	t := s.enqueue(op, 1)
-	s.Flush()
-	fail := func(err error) (*Tensor, error) {
-		// The worker is following the alias: tell it why nothing will come.
-		_ = store.Abort(context.WithoutCancel(ctx), op.Object, op.NUID, "the client's upload failed: "+err.Error())
-		return nil, fmt.Errorf("client: upload %d bytes: %w", len(data), err)
-	}
 	var dn digestName
 	select {
 	case dn = <-named:
 	case err := <-done:
 		if err != nil {
-			return fail(err)
+			return err
 		}
 		// The write ended first; it named its object before it ended.
 		select {
 		case dn = <-named:
 		default:
-			return fail(errors.New("the write ended without naming its object"))
+			return errors.New("the write ended without naming its object")
 		}
 		done <- nil // for the waits below
 	}
 	// Two writes of the same bytes at once both find nothing stored: the
 	// later one stops when it learns the earlier is, and keeps it (an
 	// object named by its content is never replaced under its readers).
-	name := dn.name
 	if dn.stored {
 		// Stored before, by this or another session: stop writing, and
 		// drop what was written if the write ended first.
 		cancel()
 		if err := <-done; err == nil {
-			_ = store.Delete(ctx, "upload-dup-"+op.NUID)
+			_ = store.Delete(ctx, "upload-dup-"+nuid)
 		}
 	} else if err := <-done; err != nil {
-		return fail(err)
+		return err
 	}
-	if _, err := store.Link(ctx, op.Object, name); err != nil {
-		return fail(err)
-	}
-	return t, nil
+	_, err := store.Link(ctx, alias, dn.name)
+	return err
 }

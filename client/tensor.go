@@ -134,7 +134,11 @@ func (t *Tensor) Read(ctx context.Context) (*Data, error) {
 		return nil, t.s.collect(nil)
 	}
 	for attempt := 1; ; attempt++ {
-		r, err := t.s.call(ctx, codec.Op{Op: "read", In: []uint64{t.id}})
+		op := codec.Op{Op: "read", In: []uint64{t.id}}
+		if n := t.s.c.opts.lanes; n > 1 {
+			op.Pieces = n // a large result may come in pieces, one a lane
+		}
+		r, err := t.s.call(ctx, op)
 		if err != nil {
 			return nil, err
 		}
@@ -170,6 +174,9 @@ func (s *Session) fetch(ctx context.Context, td *codec.Tensor) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	if td.Pieces != 0 {
+		return s.fetchPieces(ctx, td)
+	}
 	var b []byte
 	var info objectstore.Info
 	if td.NUID != "" {
@@ -189,6 +196,25 @@ func (s *Session) fetch(ctx context.Context, td *codec.Tensor) ([]byte, error) {
 		return nil, fmt.Errorf("client: result object %s digest %s, the worker wrote %s", td.Object, info.SHA256, td.SHA256)
 	}
 	_ = store.Delete(ctx, td.Object)
+	return b, nil
+}
+
+// fetchPieces reads a result that comes as pieces (see codec.Op.Pieces),
+// each on a lane, then deletes them.
+func (s *Session) fetchPieces(ctx context.Context, td *codec.Tensor) ([]byte, error) {
+	lanes, err := s.c.transferLanes()
+	if err != nil {
+		return nil, err
+	}
+	n, err := tensorBytes(td.DType, td.Shape)
+	if err != nil {
+		return nil, fmt.Errorf("client: read result object %s: %w", td.Object, err)
+	}
+	b := make([]byte, n)
+	if err := lanes.Follow(ctx, td.Object, td.NUID, td.Pieces, b); err != nil {
+		return nil, fmt.Errorf("client: read result object %s in %d pieces: %w", td.Object, td.Pieces, err)
+	}
+	_ = lanes.Delete(ctx, td.Object, td.Pieces)
 	return b, nil
 }
 

@@ -112,6 +112,12 @@ type Op struct {
 	// still writing the object: the worker copies the chunks as they are
 	// stored and checks them against the object's meta at the end.
 	NUID string `cbor:"nuid,omitempty" json:"nuid,omitempty"`
+	// Pieces, on an upload with NUID, says the object comes as that many
+	// pieces (2 to 64) written in parallel: piece i, the bytes from
+	// i*size/pieces to (i+1)*size/pieces (integer division), is the object
+	// <Object>.<i> on the chunk subject token <NUID>-<i>. On a read it is the most pieces the reader
+	// takes a large result in (absent: one object).
+	Pieces int `cbor:"pieces,omitempty" json:"pieces,omitempty"`
 
 	// Transfer is the id of a transfer (expose, import): 32 hex digits
 	// (128 random bits) minted by the client, never reused.
@@ -183,6 +189,9 @@ type Tensor struct {
 	// the chunks as the worker writes them and checks them against the
 	// object's meta, which comes last.
 	NUID string `cbor:"nuid,omitempty" json:"nuid,omitempty"`
+	// Pieces, with Object and NUID, says the bytes come as that many
+	// pieces, named and cut as an upload's (see Op.Pieces).
+	Pieces int `cbor:"pieces,omitempty" json:"pieces,omitempty"`
 }
 
 // Error codes.

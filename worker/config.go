@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"time"
 
 	"github.com/jetfabric/jetfabric/codec"
@@ -120,6 +121,12 @@ type Config struct {
 	// how long a reader copying an object while it is written waits for
 	// the next chunk before it decides that the writer stopped.
 	ObjectTimeout time.Duration
+	// Lanes is how many connections move a large upload or result as
+	// pieces in parallel (see objectstore.Lanes), 1 to 16; 1 moves every
+	// object on the transfers connection alone. The reader chooses too: an
+	// upload comes in the pieces its client wrote, and a result goes in at
+	// most the pieces its read asked for.
+	Lanes int
 	// Tenants serves the tenants' sessions beside the single-user ones
 	// (see package tenant): frames on fabric.t.<tenant>.ops.<device>.<session>,
 	// answered only under the tenant's inbox, objects in the tenant's
@@ -134,6 +141,14 @@ type Config struct {
 	Logf func(format string, args ...any)
 }
 
+// MaxLanes is the most transfer lanes a worker opens.
+const MaxLanes = 16
+
+// DefaultLanes is a lane for every four cores, 1 to 4: on fewer cores the
+// connections' goroutines compete with everything else for the CPU, and
+// moving pieces in parallel was slower than one object on two cores.
+func DefaultLanes() int { return min(4, max(1, runtime.NumCPU()/4)) }
+
 // DefaultConfig has no devices; add them.
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
@@ -147,6 +162,7 @@ func DefaultConfig() Config {
 		CheckpointInterval: 30 * time.Second,
 		TelemetryInterval:  2 * time.Second,
 		ObjectTimeout:      5 * time.Second,
+		Lanes:              DefaultLanes(),
 		MemoryFraction:     0.8,
 		Reclaim:            5 * time.Second,
 	}
@@ -206,6 +222,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: memory fraction %v is not in [0, 1]", ErrInvalidConfig, c.MemoryFraction)
 	case c.Reclaim <= 0:
 		return fmt.Errorf("%w: reclaim interval %v", ErrInvalidConfig, c.Reclaim)
+	case c.Lanes < 1 || c.Lanes > MaxLanes:
+		return fmt.Errorf("%w: lanes %d, want 1 to %d", ErrInvalidConfig, c.Lanes, MaxLanes)
 	case c.ObjectTimeout <= 0:
 		return fmt.Errorf("%w: object timeout %v", ErrInvalidConfig, c.ObjectTimeout)
 	case c.Limits.MaxSessions <= 0 || c.Limits.MaxSessionBytes <= 0 || c.Limits.InlineBytes <= 0:

@@ -398,9 +398,18 @@ func (x *exec) upload(op *codec.Op) error {
 func (x *exec) uploadObject(op *codec.Op, m kernels.Meta) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	xfer, err := x.objects()
+	lanes, err := x.lanes()
 	if err != nil {
 		return err
+	}
+	xfer := lanes[0]
+	if op.Pieces != 0 {
+		if op.NUID == "" {
+			return failf(codec.CodeAttr, "upload: pieces %d without the nuid of their chunk subjects", op.Pieces)
+		}
+		if err := objectstore.CheckPieces(m.Bytes(), op.Pieces, op.NUID); err != nil {
+			return failf(codec.CodeAttr, "upload of %d bytes: %v", m.Bytes(), err)
+		}
 	}
 	if op.NUID == "" {
 		info, err := xfer.Stat(ctx, op.Object)
@@ -418,9 +427,12 @@ func (x *exec) uploadObject(op *codec.Op, m kernels.Meta) error {
 	if err != nil {
 		return err
 	}
-	if op.NUID != "" {
+	switch {
+	case op.Pieces != 0:
+		err = lanes.Follow(ctx, op.Object, op.NUID, op.Pieces, dst)
+	case op.NUID != "":
 		_, err = xfer.Follow(ctx, op.Object, op.NUID, dst)
-	} else {
+	default:
 		_, err = xfer.GetInto(ctx, op.Object, dst)
 	}
 	if err != nil {
@@ -488,8 +500,15 @@ func (x *exec) read(i int, op *codec.Op) {
 		x.answer(i, op, r)
 		return
 	}
+	if op.Pieces < 0 || op.Pieces > objectstore.MaxPieces {
+		x.pend(codec.Error{Seq: x.seq, Index: i, Op: op.Op, Code: codec.CodeAttr,
+			Message: fmt.Sprintf("read: pieces %d, want 0 to %d", op.Pieces, objectstore.MaxPieces)})
+		r.Errors = x.s.takeErrors(nil)
+		x.answer(i, op, r)
+		return
+	}
 	var write func()
-	if r.Tensor, write, err = x.tensorData(t); err != nil {
+	if r.Tensor, write, err = x.tensorData(t, op.Pieces); err != nil {
 		x.pend(codec.Error{Seq: x.seq, Index: i, Op: op.Op, Code: codeOf(err), Message: err.Error()})
 	}
 	r.Errors = x.s.takeErrors(nil)
@@ -502,8 +521,9 @@ func (x *exec) read(i int, op *codec.Op) {
 // tensorData downloads t. Small tensors travel inline. A large one goes
 // through the object store, written by write, which the caller runs after
 // sending the answer: the answer names the object and its chunk subject,
-// so the reader copies the chunks while they are written.
-func (x *exec) tensorData(t *kernels.Tensor) (td *codec.Tensor, write func(), err error) {
+// so the reader copies the chunks while they are written, in up to pieces
+// pieces on the worker's transfer lanes.
+func (x *exec) tensorData(t *kernels.Tensor, pieces int) (td *codec.Tensor, write func(), err error) {
 	td = &codec.Tensor{DType: t.DType.String(), Shape: t.Shape}
 	if td.Shape == nil {
 		td.Shape = []int{}
@@ -520,7 +540,7 @@ func (x *exec) tensorData(t *kernels.Tensor) (td *codec.Tensor, write func(), er
 		}
 		return td, nil, nil
 	}
-	xfer, err := x.objects()
+	lanes, err := x.lanes()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -530,10 +550,22 @@ func (x *exec) tensorData(t *kernels.Tensor) (td *codec.Tensor, write func(), er
 	}
 	td.Object, td.NUID = "result-"+randomID(), objectstore.NewNUID()
 	x.io.outObject += uint64(len(data))
+	meta := map[string]string{"dtype": td.DType, "shape": shapeString(t.Shape)}
+	if k := lanes.Pieces(len(data), pieces); k > 1 {
+		td.Pieces = k
+		return td, func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			if err := lanes.Put(ctx, td.Object, td.NUID, k, data, meta); err != nil {
+				x.d.w.logf("worker: %s: store result %s: %v", x.d.cfg.Name, td.Object, err)
+			}
+		}, nil
+	}
+	xfer := lanes[0]
 	return td, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		if _, err := xfer.Put(ctx, td.Object, data, map[string]string{"dtype": td.DType, "shape": shapeString(t.Shape)}, objectstore.WithNUID(td.NUID)); err != nil {
+		if _, err := xfer.Put(ctx, td.Object, data, meta, objectstore.WithNUID(td.NUID)); err != nil {
 			x.d.w.logf("worker: %s: store result %s: %v", x.d.cfg.Name, td.Object, err)
 			// The reader is following the chunks: tell it why none will come.
 			_ = xfer.Abort(ctx, td.Object, td.NUID, "store result: "+err.Error())

@@ -23,7 +23,7 @@ import (
 type tenants struct {
 	mu     sync.Mutex
 	recs   map[string]*tenantState
-	stores map[string]*objectstore.Store
+	stores map[string]objectstore.Lanes
 	// looked: when a record the watch had not brought was last looked up
 	// (at most once a tenantLookup for a name: a tenant with credentials
 	// and no record cannot make every frame a round trip).
@@ -45,7 +45,7 @@ type tenantState struct {
 // Stop; it returns once the records present now are loaded.
 func (w *Worker) watchTenants(ctx context.Context) error {
 	w.tn.recs = map[string]*tenantState{}
-	w.tn.stores = map[string]*objectstore.Store{}
+	w.tn.stores = map[string]objectstore.Lanes{}
 	watcher, err := w.ctrl.Watch(w.ctx, subjects.TenantKeys)
 	if err != nil {
 		return fmt.Errorf("worker: watch tenant records: %w", err)
@@ -164,8 +164,9 @@ func (w *Worker) tenant(name string) (*tenantState, *codec.Tenant, error) {
 	return st, rec, nil
 }
 
-// tenantStore is tenant's object bucket, opened on first use.
-func (w *Worker) tenantStore(tenant string) (*objectstore.Store, error) {
+// tenantStore is tenant's object bucket on every transfer lane, opened
+// on first use.
+func (w *Worker) tenantStore(tenant string) (objectstore.Lanes, error) {
 	w.tn.mu.Lock()
 	s := w.tn.stores[tenant]
 	w.tn.mu.Unlock()
@@ -175,7 +176,7 @@ func (w *Worker) tenantStore(tenant string) (*objectstore.Store, error) {
 	// Opened without the lock (it asks the server); two at once keep
 	// the first.
 	bucket := w.names.TenantXferBucket(tenant)
-	s, err := objectstore.New(w.xferJS, bucket, objectstore.WithTimeout(w.cfg.ObjectTimeout))
+	s, err := w.openLanes(bucket)
 	if err != nil {
 		if errors.Is(err, objectstore.ErrBucketNotFound) {
 			return nil, failf(codec.CodePermission, "tenant %s has no object bucket %s (provision it: jetfabric tenant add --server)", tenant, bucket)
@@ -194,6 +195,15 @@ func (w *Worker) tenantStore(tenant string) (*objectstore.Store, error) {
 // objects is the bucket of the session's uploads and large results: the
 // tenant's own, or the shared transfer bucket.
 func (x *exec) objects() (*objectstore.Store, error) {
+	lanes, err := x.lanes()
+	if err != nil {
+		return nil, err
+	}
+	return lanes[0], nil
+}
+
+// lanes is the session's bucket (see objects) on every transfer lane.
+func (x *exec) lanes() (objectstore.Lanes, error) {
 	if x.s.tenant == "" {
 		return x.d.w.xfer, nil
 	}

@@ -206,7 +206,7 @@ func (mv *mover) publish(ctx context.Context, name string, m kernels.Meta, data 
 		if inline || prev.inline() {
 			return nil // the value holds the bytes: written whole before
 		}
-		if _, err := w.xfer.Stat(ctx, name); err == nil {
+		if _, err := w.xfer[0].Stat(ctx, name); err == nil {
 			return nil
 		}
 		prev.NUID, prev.DType, prev.Shape = rc.NUID, rc.DType, rc.Shape
@@ -221,9 +221,9 @@ func (mv *mover) publish(ctx context.Context, name string, m kernels.Meta, data 
 		mv.mu.Unlock()
 		return nil
 	}
-	if _, err := w.xfer.Put(ctx, name, data, map[string]string{"dtype": rc.DType, "shape": rc.Shape}, objectstore.WithNUID(rc.NUID)); err != nil {
+	if _, err := w.xfer[0].Put(ctx, name, data, map[string]string{"dtype": rc.DType, "shape": rc.Shape}, objectstore.WithNUID(rc.NUID)); err != nil {
 		// Readers following the chunks learn at once that none will come.
-		_ = w.xfer.Abort(context.WithoutCancel(ctx), name, rc.NUID, err.Error())
+		_ = w.xfer[0].Abort(context.WithoutCancel(ctx), name, rc.NUID, err.Error())
 		return failf(codec.CodeUnavailabe, "transfer %s: %v", name, err)
 	}
 	mv.mu.Lock()
@@ -293,10 +293,10 @@ func (mv *mover) readInto(ctx context.Context, name string, rc readCount, m kern
 	}
 	for {
 		if rc.NUID == "" {
-			_, err = w.xfer.GetInto(ctx, name, buf) // a writer that announced no subject
+			_, err = w.xfer[0].GetInto(ctx, name, buf) // a writer that announced no subject
 			break
 		}
-		_, err = w.xfer.Follow(ctx, name, rc.NUID, buf)
+		_, err = w.xfer[0].Follow(ctx, name, rc.NUID, buf)
 		if !errors.Is(err, objectstore.ErrStalled) || ctx.Err() != nil {
 			break
 		}
@@ -423,7 +423,7 @@ const kvOperation = "KV-Operation"
 // limits: it came over the wire.
 func (mv *mover) announced(ctx context.Context, name string, rc readCount) (kernels.Meta, error) {
 	if rc.DType == "" { // a writer that announced no meta: read it from the object
-		info, err := mv.w.xfer.Stat(ctx, name)
+		info, err := mv.w.xfer[0].Stat(ctx, name)
 		if err != nil {
 			return kernels.Meta{}, failf(codec.CodeUnavailabe, "%s: %v", name, err)
 		}
@@ -500,7 +500,7 @@ func (mv *mover) countRead(ctx context.Context, name, who string) error {
 // checkpoint covers the ops that read them.
 func (d *device) dropObjects(ctx context.Context, consumed []string) {
 	for _, name := range consumed {
-		if err := d.w.xfer.Delete(ctx, name); err != nil && !errors.Is(err, objectstore.ErrNotFound) {
+		if err := d.w.xfer[0].Delete(ctx, name); err != nil && !errors.Is(err, objectstore.ErrNotFound) {
 			d.w.logf("worker: %s: delete %s: %v", d.cfg.Name, name, err)
 		}
 		_ = d.w.ctrl.Delete(ctx, subjects.TransferKey(name))

@@ -26,13 +26,15 @@ type Worker struct {
 	nc    *nats.Conn
 	js    jetstream.JetStream
 	ctrl  jetstream.KeyValue
-	xfer  *objectstore.Store
 	ckpt  *objectstore.Store
-	// ckptNC is the connection of ckpt, xferNC that of xfer and the
-	// tenants' buckets (see dial); nil: nc.
-	ckptNC, xferNC *nats.Conn
-	// xferJS is xferNC's JetStream (js without xferNC).
-	xferJS jetstream.JetStream
+	// xfer is the transfer bucket on every transfer lane; xfer[0] moves
+	// whole objects.
+	xfer objectstore.Lanes
+	// laneJS are the transfer lanes' JetStreams (Config.Lanes), on the
+	// connections laneNC; ckptNC is ckpt's connection (see dial).
+	laneJS []jetstream.JetStream
+	laneNC []*nats.Conn
+	ckptNC *nats.Conn
 
 	devices []*device
 	jobs    []*jobLoop
@@ -85,9 +87,15 @@ func (w *Worker) Start(ctx context.Context) error {
 		return fmt.Errorf("worker: bucket %s: %w", w.names.CtrlBucket(), err)
 	}
 	var ckptJS jetstream.JetStream
-	w.xferNC, w.xferJS = w.dial("transfers")
+	w.laneJS = make([]jetstream.JetStream, w.cfg.Lanes)
+	for i := range w.laneJS {
+		var nc *nats.Conn
+		if nc, w.laneJS[i] = w.dial(fmt.Sprintf("transfers %d", i+1)); nc != nil {
+			w.laneNC = append(w.laneNC, nc)
+		}
+	}
 	w.ckptNC, ckptJS = w.dial("checkpoints")
-	if w.xfer, err = objectstore.New(w.xferJS, w.names.XferBucket(), objectstore.WithTimeout(w.cfg.ObjectTimeout)); err == nil {
+	if w.xfer, err = w.openLanes(w.names.XferBucket()); err == nil {
 		w.ckpt, err = objectstore.New(ckptJS, w.names.CkptBucket(), objectstore.WithTimeout(w.cfg.ObjectTimeout))
 	}
 	if err != nil {
@@ -363,9 +371,22 @@ func (w *Worker) dial(purpose string) (*nats.Conn, jetstream.JetStream) {
 
 // closeSecond closes the connections dial opened.
 func (w *Worker) closeSecond() {
-	for _, nc := range []*nats.Conn{w.ckptNC, w.xferNC} {
+	for _, nc := range append(w.laneNC, w.ckptNC) {
 		if nc != nil {
 			nc.Close()
 		}
 	}
+}
+
+// openLanes opens bucket on every transfer lane.
+func (w *Worker) openLanes(bucket string) (objectstore.Lanes, error) {
+	lanes := make(objectstore.Lanes, len(w.laneJS))
+	for i, js := range w.laneJS {
+		s, err := objectstore.New(js, bucket, objectstore.WithTimeout(w.cfg.ObjectTimeout))
+		if err != nil {
+			return nil, err
+		}
+		lanes[i] = s
+	}
+	return lanes, nil
 }

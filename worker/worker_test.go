@@ -142,6 +142,13 @@ func TestBadInput(t *testing.T) {
 		{"bad dtype", `{"v":1,"ops":[{"op":"full","out":[1],"shape":[2],"dtype":"f128"},{"op":"sync","tag":1}]}`, "application/json", codec.CodeDType, "full", "f128"},
 		{"duplicate id", `{"v":1,"ops":[{"op":"full","out":[1],"shape":[2]},{"op":"full","out":[1],"shape":[2]},{"op":"sync","tag":1}]}`, "application/json", codec.CodeDuplicate, "full", "already in use"},
 		{"bad axis", `{"v":1,"ops":[{"op":"full","out":[1],"shape":[2]},{"op":"sum","out":[2],"in":[1],"axes":[3]},{"op":"sync","tag":1}]}`, "application/json", codec.CodeAttr, "sum", "axis 3"},
+		{"pieces without nuid", `{"v":1,"ops":[{"op":"upload","out":[1],"dtype":"f32","shape":[8],"object":"upload-x","pieces":2},{"op":"sync","tag":1}]}`, "application/json", codec.CodeAttr, "upload", "without the nuid"},
+		{"too many pieces", `{"v":1,"ops":[{"op":"upload","out":[1],"dtype":"f32","shape":[100],"object":"upload-x","nuid":"x","pieces":65},{"op":"sync","tag":1}]}`, "application/json", codec.CodeAttr, "upload", "65 pieces, want 2 to 64"},
+		{"one piece", `{"v":1,"ops":[{"op":"upload","out":[1],"dtype":"f32","shape":[100],"object":"upload-x","nuid":"x","pieces":1},{"op":"sync","tag":1}]}`, "application/json", codec.CodeAttr, "upload", "1 pieces, want 2 to 64"},
+		{"pieces over bytes", `{"v":1,"ops":[{"op":"upload","out":[1],"dtype":"u8","shape":[3],"object":"upload-x","nuid":"x","pieces":4},{"op":"sync","tag":1}]}`, "application/json", codec.CodeAttr, "upload", "4 pieces of 3 bytes"},
+		{"piece token too long", `{"v":1,"ops":[{"op":"upload","out":[1],"dtype":"u8","shape":[30],"object":"upload-x","nuid":"` + strings.Repeat("n", 63) + `","pieces":12},{"op":"sync","tag":1}]}`, "application/json", codec.CodeAttr, "upload", "chunk subject token"},
+		{"read pieces", `{"v":1,"ops":[{"op":"full","out":[1],"shape":[2]},{"op":"read","in":[1],"tag":1,"pieces":-1}]}`, "application/json", codec.CodeAttr, "read", "pieces -1"},
+		{"read too many pieces", `{"v":1,"ops":[{"op":"full","out":[1],"shape":[2]},{"op":"read","in":[1],"tag":1,"pieces":65}]}`, "application/json", codec.CodeAttr, "read", "pieces 65"},
 	}
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -328,6 +335,8 @@ func TestBadConfig(t *testing.T) {
 		"bad prefix":        func(c *worker.Config) { c.Prefix = "a b" },
 		"zero limits":       func(c *worker.Config) { c.Limits.MaxSessions = 0 },
 		"no object timeout": func(c *worker.Config) { c.ObjectTimeout = 0 },
+		"no lanes":          func(c *worker.Config) { c.Lanes = 0 },
+		"17 lanes":          func(c *worker.Config) { c.Lanes = 17 },
 	} {
 		cfg := worker.DefaultConfig()
 		cfg.Devices = []worker.Device{{Name: "cpu-0", Backend: cpu.New()}}

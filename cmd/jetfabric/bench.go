@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -26,6 +27,7 @@ import (
 	"github.com/jetfabric/jetfabric/codec"
 	"github.com/jetfabric/jetfabric/internal/certs"
 	"github.com/jetfabric/jetfabric/subjects"
+	"github.com/jetfabric/jetfabric/worker"
 )
 
 // benchReport is what `jetfabric bench --json` prints.
@@ -61,6 +63,7 @@ type benchReport struct {
 	NoFusion    bool      `json:"no_fusion,omitempty"`
 	NoPrograms  bool      `json:"no_programs,omitempty"`
 	TF32        bool      `json:"tf32,omitempty"`
+	Lanes       int       `json:"lanes,omitempty"`
 	GPU         *gpuBench `json:"gpu,omitempty"`
 }
 
@@ -85,6 +88,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	tf32 := fs.Bool("tf32", false, "the worker's float32 matmuls on GPUs use TF32 tensor cores")
 	noChains := fs.Bool("no-gpu-chains", false, "the worker launches each elementwise op on a GPU by itself")
 	noPrograms := fs.Bool("no-programs", false, "the worker replays graphs op by op on a GPU, not as recorded programs (CUDA graphs)")
+	lanes := fs.Int("lanes", 0, "the worker's and the client's -lanes: connections that move the upload and read-back as pieces in parallel (0: their default, one for every four cores, up to 4)")
 	matN := fs.Int("matmul-n", 4096, "with a GPU -device: matrix size of the matmul chain")
 	matChain := fs.Int("matmul-chain", 100, "with a GPU -device: products in the matmul chain")
 	chainMiB := fs.Int("chain-mib", 256, "with a GPU -device: MiB of float32 the 8-op chain runs over")
@@ -154,7 +158,10 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			*gpus = "all"
 		}
 	}
-	bw := benchWorker{gpus: *gpus, noFusion: *noFusion, noChains: *noChains, noPrograms: *noPrograms, tf32: *tf32, xferStorage: *xferStorage}
+	if *lanes < 0 || *lanes > worker.MaxLanes {
+		return fmt.Errorf("-lanes %d: want 0 (the default) to %d", *lanes, worker.MaxLanes)
+	}
+	bw := benchWorker{gpus: *gpus, noFusion: *noFusion, noChains: *noChains, noPrograms: *noPrograms, tf32: *tf32, xferStorage: *xferStorage, lanes: *lanes}
 	if *withTLS {
 		if *tlsRuns < 1 {
 			return fmt.Errorf("-tls-runs %d: want at least 1", *tlsRuns)
@@ -184,11 +191,18 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		rep.Layout = "separate processes (broker, worker, raw responder, client; TCP loopback)"
 	}
 	rep.Device, rep.NoFusion, rep.NoPrograms, rep.TF32 = *device, *noFusion, *noPrograms, *tf32
+	var copts []client.Option
+	rep.Lanes = *lanes
+	if *lanes == 0 {
+		rep.Lanes = worker.DefaultLanes()
+	} else {
+		copts = append(copts, client.WithLanes(*lanes))
+	}
 	var dev *devBench
 	if strings.HasPrefix(*device, "gpu-") {
 		dev = &devBench{n: *matN, chain: *matChain, elems: *chainMiB << 18, runs: *chainRuns}
 	}
-	if err := benchRun(ctx, url, *device, *rounds, *ops, *upload, dev, &rep, progress, nil); err != nil {
+	if err := benchRun(ctx, url, *device, *rounds, *ops, *upload, dev, &rep, progress, copts); err != nil {
 		return err
 	}
 	if *asJSON {
@@ -208,7 +222,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fmt.Fprintf(stdout, "pipelined ops in replays     %10.0f ops/s  (graphs of %d adds, %.2fx op by op%s)\n", rep.ReplayOpsPerS, rep.ReplayChain, rep.ReplayOpsPerS/rep.PipelinedOpsPerS, programs)
 	fmt.Fprintf(stdout, "raw JetStream async publish %10.0f frames/s of %d B = %.0f ops/s\n", rep.RawPublishFramesS, rep.FrameBytes, rep.RawPublishOpsS)
 	if *upload > 0 {
-		fmt.Fprintf(stdout, "%d MiB upload %.0f MB/s, read-back %.0f MB/s (medians of %d; FABRIC_XFER on %s; SHA-256 on one core %.0f MB/s)\n", *upload, rep.UploadMBs, rep.ReadMBs, uploadRuns, rep.XferStorage, rep.SHA256MBs)
+		fmt.Fprintf(stdout, "%d MiB upload %.0f MB/s, read-back %.0f MB/s (medians of %d; FABRIC_XFER on %s; %d lanes; SHA-256 on one core %.0f MB/s)\n", *upload, rep.UploadMBs, rep.ReadMBs, uploadRuns, rep.XferStorage, rep.Lanes, rep.SHA256MBs)
 	}
 	if g := rep.GPU; g != nil {
 		fused := "fused"
@@ -232,6 +246,7 @@ type benchWorker struct {
 	noChains    bool
 	noPrograms  bool
 	tf32        bool
+	lanes       int    // the worker's -lanes (0: its default)
 	xferStorage string // the broker's -xfer-storage
 	// tls, when set, puts every connection under TLS with these
 	// certificates: the broker requires it, the worker, the raw responder
@@ -260,7 +275,7 @@ type devBench struct{ n, chain, elems, runs int }
 
 // benchFabric starts the fabric in the chosen layout and returns its URL.
 func benchFabric(ctx context.Context, layout string, ckpt time.Duration, bw benchWorker, progress func(string, ...any)) (string, func(), error) {
-	wf := workerFlags{cpus: 1, idle: time.Hour, checkpoint: ckpt, gpus: bw.gpus, noFusion: bw.noFusion, noChains: bw.noChains, noPrograms: bw.noPrograms, tf32: bw.tf32}
+	wf := workerFlags{cpus: 1, idle: time.Hour, checkpoint: ckpt, gpus: bw.gpus, noFusion: bw.noFusion, noChains: bw.noChains, noPrograms: bw.noPrograms, tf32: bw.tf32, lanes: bw.lanes}
 	if ckpt == 0 {
 		wf.checkpoint = -1 // off
 	}
@@ -356,7 +371,7 @@ func benchFabric(ctx context.Context, layout string, ckpt time.Duration, bw benc
 			return "", nil, err
 		}
 		cleanup = append(cleanup, stopBroker)
-		if err := start(append([]string{"worker", "--url", url, "--idle-timeout", "1h", "--checkpoint-interval", ckpt.String(), "--gpus", bw.gpus, "--no-fusion=" + strconv.FormatBool(bw.noFusion), "--no-gpu-chains=" + strconv.FormatBool(bw.noChains), "--no-programs=" + strconv.FormatBool(bw.noPrograms), "--tf32=" + strconv.FormatBool(bw.tf32)}, clientTLS...)...); err != nil {
+		if err := start(append([]string{"worker", "--url", url, "--idle-timeout", "1h", "--checkpoint-interval", ckpt.String(), "--gpus", bw.gpus, "--no-fusion=" + strconv.FormatBool(bw.noFusion), "--no-gpu-chains=" + strconv.FormatBool(bw.noChains), "--no-programs=" + strconv.FormatBool(bw.noPrograms), "--tf32=" + strconv.FormatBool(bw.tf32), "--lanes=" + strconv.Itoa(cmp.Or(bw.lanes, worker.DefaultLanes()))}, clientTLS...)...); err != nil {
 			stop()
 			return "", nil, err
 		}

@@ -1,0 +1,122 @@
+package client_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/hex"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetfabric/jetfabric/broker/brokertest"
+	"github.com/jetfabric/jetfabric/client"
+	"github.com/jetfabric/jetfabric/objectstore"
+	"github.com/jetfabric/jetfabric/worker"
+	"github.com/jetfabric/jetfabric/worker/workertest"
+)
+
+// TestLanes: with three lanes on both ends, a large upload goes as three
+// pieces, each an object named by its digest, and a large result comes
+// back as three pieces, which the client deletes once read. A client
+// with one lane (as one that knows nothing of pieces) gets the result
+// whole from the same worker. The bytes are the same either way.
+func TestLanes(t *testing.T) {
+	b := brokertest.Run(t)
+	workertest.Run(t, b, workertest.CPUs(1), func(c *worker.Config) { c.Lanes = 3 })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := client.Connect(b.ClientURL(), client.WithLanes(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s := open(t, c, "cpu-0")
+	n := 3*objectstore.MinPiece/4 + 1 // f32 elements: 3 pieces' worth
+	data := make([]byte, 4*n)
+	want := make([]byte, 4*n)
+	for i := range n {
+		v := float32(i%1000) + float32(i/1000)
+		binary.LittleEndian.PutUint32(data[4*i:], math.Float32bits(v))
+		binary.LittleEndian.PutUint32(want[4*i:], math.Float32bits(v+0.5))
+	}
+	x, err := s.Upload(ctx, "f32", []int{n}, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	y := x.Add(s.Full(nil, 0.5))
+	got, err := y.Read(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got.Bytes, want) {
+		t.Fatal("the result read in pieces differs from x + 0.5")
+	}
+
+	js, _ := jetstream.New(c.Conn())
+	objects, err := js.ObjectStore(ctx, "FABRIC_XFER")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		lo, hi := objectstore.PieceRange(len(data), 3, i)
+		sum := sha256.Sum256(data[lo:hi])
+		if info, err := objects.GetInfo(ctx, "upload-"+hex.EncodeToString(sum[:])); err != nil || info.Size != uint64(hi-lo) {
+			t.Fatalf("piece %d of the upload is not an object named by its digest: %v", i, err)
+		}
+	}
+	results := func() []string {
+		t.Helper()
+		st, err := js.Stream(ctx, "OBJ_FABRIC_XFER")
+		if err != nil {
+			t.Fatal(err)
+		}
+		si, err := st.Info(ctx, jetstream.WithSubjectFilter("$O.FABRIC_XFER.M.>"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for subj := range si.State.Subjects {
+			name, err := base64.URLEncoding.DecodeString(strings.TrimPrefix(subj, "$O.FABRIC_XFER.M."))
+			if err != nil {
+				t.Fatalf("meta subject %s: %v", subj, err)
+			}
+			if strings.HasPrefix(string(name), "result-") {
+				names = append(names, string(name))
+			}
+		}
+		return names
+	}
+	names := results()
+	if len(names) != 3 {
+		t.Fatalf("result objects %v, want three pieces", names)
+	}
+	for _, name := range names {
+		info, err := objects.GetInfo(ctx, name, jetstream.GetObjectInfoShowDeleted())
+		if err != nil || !info.Deleted || !strings.HasSuffix(name, ".0") && !strings.HasSuffix(name, ".1") && !strings.HasSuffix(name, ".2") {
+			t.Fatalf("result piece %s: %+v, %v; want a deleted piece", name, info, err)
+		}
+	}
+
+	whole, err := client.Connect(b.ClientURL(), client.WithLanes(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer whole.Close()
+	s1 := open(t, whole, "cpu-0")
+	z, err := s1.Upload(ctx, "f32", []int{n}, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err = z.Add(s1.Full(nil, 0.5)).Read(ctx); err != nil || !bytes.Equal(got.Bytes, want) {
+		t.Fatalf("whole result: %v (or other bytes)", err)
+	}
+	if names := results(); len(names) != 4 {
+		t.Fatalf("result objects %v, want the three pieces and one whole", names)
+	}
+}
