@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetfabric/jetfabric/broker"
 	"github.com/jetfabric/jetfabric/broker/brokertest"
 	"github.com/jetfabric/jetfabric/client"
 	"github.com/jetfabric/jetfabric/objectstore"
@@ -21,13 +22,14 @@ import (
 	"github.com/jetfabric/jetfabric/worker/workertest"
 )
 
-// TestLanes: with three lanes on both ends, a large upload goes as three
+// TestLanes: with three lanes on both ends and the transfer bucket in
+// memory, a large upload goes as three
 // pieces, each an object named by its digest, and a large result comes
 // back as three pieces, which the client deletes once read. A client
 // with one lane (as one that knows nothing of pieces) gets the result
 // whole from the same worker. The bytes are the same either way.
 func TestLanes(t *testing.T) {
-	b := brokertest.Run(t)
+	b := brokertest.Run(t, func(c *broker.Config) { c.Provision.XferStorage = jetstream.MemoryStorage })
 	workertest.Run(t, b, workertest.CPUs(1), func(c *worker.Config) { c.Lanes = 3 })
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

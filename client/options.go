@@ -204,7 +204,7 @@ func WithObjectTimeout(d time.Duration) Option {
 
 // WithLanes sets how many connections move a large upload or result as
 // pieces in parallel, 1 to 16 (default a lane for every four cores, 1 to
-// 4; see objectstore.Lanes). The lanes beside the client's connection are
+// 4; see objectstore.Lanes), when the transfer bucket is kept in memory. The lanes beside the client's connection are
 // dialled, with its options, at the first upload or read that uses them;
 // a lane that cannot be dialled is done without. 1 moves every object
 // whole on the client's connection.

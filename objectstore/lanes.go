@@ -54,8 +54,13 @@ type Lanes []*Store
 
 // Pieces returns how many pieces an object of n bytes is best moved in:
 // at most one a lane and limit, none smaller than MinPiece. 1 (also for a
-// limit under 2) means one ordinary object.
+// limit under 2) means one ordinary object. A bucket kept on file is
+// moved whole: on the 16-core hosts measured, the disk was the limit and
+// pieces written at once were slower than one object (BENCHMARKS.md).
 func (l Lanes) Pieces(n, limit int) int {
+	if len(l) < 2 || !l[0].InMemory() {
+		return 1
+	}
 	return max(1, min(len(l), n/MinPiece, limit, MaxPieces))
 }
 

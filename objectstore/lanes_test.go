@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetfabric/jetfabric/broker"
 	"github.com/jetfabric/jetfabric/objectstore"
 )
 
@@ -25,13 +28,29 @@ func TestPieceRange(t *testing.T) {
 			t.Fatalf("%d bytes in %d pieces cover %d", c.n, c.k, next)
 		}
 	}
-	l := make(objectstore.Lanes, 4)
+}
+
+func TestPieces(t *testing.T) {
+	lanes := func(e *env, n int) objectstore.Lanes {
+		l := make(objectstore.Lanes, n)
+		for i := range l {
+			l[i] = e.store(t)
+		}
+		return l
+	}
+	mem := lanes(newEnv(t, func(c *broker.Config) { c.Provision.XferStorage = jetstream.MemoryStorage }), 4)
 	for _, c := range []struct{ n, limit, want int }{
 		{64 << 20, 4, 4}, {64 << 20, 2, 2}, {64 << 20, 0, 1}, {2*objectstore.MinPiece - 1, 4, 1}, {3 * objectstore.MinPiece, 64, 3}, {1 << 30, 64, 4},
 	} {
-		if got := l.Pieces(c.n, c.limit); got != c.want {
+		if got := mem.Pieces(c.n, c.limit); got != c.want {
 			t.Errorf("Pieces(%d, %d) on 4 lanes: %d, want %d", c.n, c.limit, got, c.want)
 		}
+	}
+	if got := mem[:1].Pieces(1<<30, 64); got != 1 {
+		t.Errorf("one lane cuts %d pieces", got)
+	}
+	if got := lanes(newEnv(t), 4).Pieces(1<<30, 64); got != 1 {
+		t.Errorf("a bucket on file is cut in %d pieces, want 1 (whole)", got)
 	}
 }
 

@@ -109,6 +109,11 @@ func New(js jetstream.JetStream, bucket string, opts ...Option) (*Store, error) 
 // Bucket is the name of the bucket the store works on.
 func (s *Store) Bucket() string { return s.bucket }
 
+// InMemory says whether the bucket's stream keeps its messages in memory.
+func (s *Store) InMemory() bool {
+	return s.stream.CachedInfo().Config.Storage == jetstream.MemoryStorage
+}
+
 // withTimeout bounds ctx by the store's timeout when it has no deadline.
 func (s *Store) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
 	if _, ok := ctx.Deadline(); ok {

@@ -122,8 +122,8 @@ type Config struct {
 	// the next chunk before it decides that the writer stopped.
 	ObjectTimeout time.Duration
 	// Lanes is how many connections move a large upload or result as
-	// pieces in parallel (see objectstore.Lanes), 1 to 16; 1 moves every
-	// object on the transfers connection alone. The reader chooses too: an
+	// pieces in parallel (see objectstore.Lanes; only from a bucket kept
+	// in memory), 1 to 16; 1 moves every object on one connection. The reader chooses too: an
 	// upload comes in the pieces its client wrote, and a result goes in at
 	// most the pieces its read asked for.
 	Lanes int

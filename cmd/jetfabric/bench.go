@@ -637,8 +637,11 @@ func benchRun(ctx context.Context, url, device string, rounds, nops, uploadMiB i
 		var up, back []float64
 		for range uploadRuns {
 			// New bytes each run, and each bench (several may measure one
-			// fabric): an upload of bytes stored before is not sent again.
-			binary.LittleEndian.PutUint64(data, rand.Uint64())
+			// fabric), in every MiB: an upload of bytes stored before is
+			// not sent again, nor is a piece of one (see client.WithLanes).
+			for off := 0; off < len(data); off += 1 << 20 {
+				binary.LittleEndian.PutUint64(data[off:], rand.Uint64())
+			}
 			t0 := time.Now()
 			t, err := s.Upload(ctx, "u8", []int{len(data)}, data)
 			if err != nil {

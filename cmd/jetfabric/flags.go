@@ -172,7 +172,7 @@ func (f *workerFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.noFusion, "no-fusion", false, "run every op by itself into fresh outputs, even where the backend could fuse runs of elementwise ops, fold a transpose into a matmul or write an output over a freed input")
 	fs.BoolVar(&f.noPrograms, "no-programs", false, "replay captured graphs op by op on a GPU, instead of recording a replay's device work at its second run and launching it as one CUDA graph from then on (the same bits either way)")
 	fs.IntVar(&f.cpuThreads, "cpu-threads", 0, "goroutines one op on a CPU device splits its work over (0: GOMAXPROCS); with fewer than GOMAXPROCS, the processors left over serve the network and collectives while ops run")
-	fs.IntVar(&f.lanes, "lanes", worker.DefaultLanes(), "connections that move a large upload or result as pieces in parallel, 1 to 16 (default: one for every four cores, up to 4); 1 moves every object whole on one connection")
+	fs.IntVar(&f.lanes, "lanes", worker.DefaultLanes(), "connections that move a large upload or result as pieces in parallel when the broker keeps transfers in memory, 1 to 16 (default: one for every four cores, up to 4); 1 moves every object whole on one connection")
 	fs.BoolVar(&f.syncColl, "sync-collectives", false, "run each collective to its end before the device's next op, even on a CPU device, where by default it runs beside the ops that do not read its output")
 	fs.BoolVar(&f.noChains, "no-gpu-chains", false, "launch each elementwise op on a GPU by itself, instead of a run of them as one kernel (the same bits either way)")
 	fs.BoolVar(&f.tf32, "tf32", false, "let float32 matmuls on GPUs use TF32 tensor cores (faster, about 1e-3 relative error)")
