@@ -317,8 +317,17 @@ func soakRun(ctx context.Context, cl *client.Client, c soakConfig, device, name 
 	total := c.steps * c.sessions
 	if next != nil {
 		for i := range c.kills {
-			killAt = append(killAt, total*(2*i+1)/(2*c.kills+1)+total/(4*c.kills+2))
+			// At the latest when every session waits at its last step.
+			killAt = append(killAt, min(total*(2*i+1)/(2*c.kills+1)+total/(4*c.kills+2), total-c.sessions))
 		}
+	}
+	// killsDone is closed once every kill is carried out, or one failed: a
+	// session's last step waits for it, so that every kill has answers
+	// after it however long the kills took.
+	killsDone := make(chan struct{})
+	var killsOver sync.Once
+	if len(killAt) == 0 {
+		killsOver.Do(func() { close(killsDone) })
 	}
 	var (
 		killErr error
@@ -402,17 +411,20 @@ func soakRun(ctx context.Context, cl *client.Client, c soakConfig, device, name 
 			waited[sess] = append(waited[sess], at.Sub(later(k, start)))
 		}
 		done++
-		due := killErr == nil && !killing && len(killAt) > len(kills) && done >= killAt[len(kills)]
-		killing = killing || due
-		mu.Unlock()
-		if !due {
-			return
+		// Carry out every kill that is due, here: the other sessions
+		// may all be waiting for them at their last steps.
+		for killErr == nil && !killing && len(killAt) > len(kills) && done >= killAt[len(kills)] {
+			killing = true
+			mu.Unlock()
+			err := kill()
+			mu.Lock()
+			killing = false
+			if err != nil && killErr == nil {
+				killErr = err
+			}
 		}
-		err := kill()
-		mu.Lock()
-		killing = false
-		if err != nil && killErr == nil {
-			killErr = err
+		if killErr != nil || len(kills) == len(killAt) {
+			killsOver.Do(func() { close(killsDone) })
 		}
 		mu.Unlock()
 	}
@@ -427,6 +439,14 @@ func soakRun(ctx context.Context, cl *client.Client, c soakConfig, device, name 
 			one := s.Full(nil, 1)
 			tick := time.Now()
 			for step := range c.steps {
+				if step == c.steps-1 {
+					select {
+					case <-killsDone:
+					case <-ctx.Done():
+						errs[i] = fmt.Errorf("session %d: waiting for the kills: %w", i, ctx.Err())
+						return
+					}
+				}
 				// Rewrite one tensor and read its sum back.
 				start := time.Now()
 				j := step % k
