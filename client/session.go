@@ -861,63 +861,17 @@ func (s *Session) uploadWhileWriting(ctx context.Context, lanes objectstore.Lane
 }
 
 // writeUpload writes data on the chunk subject nuid, hashing it beside
-// the write, and makes alias a link to the object named by the digest.
-// Once the digest is known, the write either finds those bytes stored
-// before (it stops, its chunks are purged) or finishes.
+// the write, names the object by its digest and makes alias a link to it.
+// Bytes stored before under that name are not stored again: once the
+// digest is known the write asks for the name, stops if it finds those
+// bytes, purges its chunks and returns the stored object (see
+// objectstore.WithNameFromDigest); and an object named by its content is
+// never replaced under its readers.
 func writeUpload(ctx context.Context, store *objectstore.Store, alias, nuid string, data []byte, meta map[string]string) error {
-	// stored reports whether the digest's object was stored before, by
-	// this or another session. When it was, the write goes on under a
-	// name of its own (soon abandoned): writing the meta over the stored
-	// object would replace it and purge the chunks a worker may be reading.
-	type digestName struct {
-		name   string
-		stored bool
-	}
-	named := make(chan digestName, 1)
-	pctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		_, err := store.Put(pctx, "", data, meta, objectstore.WithNUID(nuid), objectstore.WithNameFromDigest(func(sum [sha256.Size]byte) string {
-			name := uploadName(sum)
-			info, err := store.Stat(pctx, name)
-			stored := err == nil && info.Size == int64(len(data))
-			named <- digestName{name, stored}
-			if stored {
-				return "upload-dup-" + nuid
-			}
-			return name
-		}))
-		done <- err
-	}()
-	var dn digestName
-	select {
-	case dn = <-named:
-	case err := <-done:
-		if err != nil {
-			return err
-		}
-		// The write ended first; it named its object before it ended.
-		select {
-		case dn = <-named:
-		default:
-			return errors.New("the write ended without naming its object")
-		}
-		done <- nil // for the waits below
-	}
-	// Two writes of the same bytes at once both find nothing stored: the
-	// later one stops when it learns the earlier is, and keeps it (an
-	// object named by its content is never replaced under its readers).
-	if dn.stored {
-		// Stored before, by this or another session: stop writing, and
-		// drop what was written if the write ended first.
-		cancel()
-		if err := <-done; err == nil {
-			_ = store.Delete(ctx, "upload-dup-"+nuid)
-		}
-	} else if err := <-done; err != nil {
+	info, err := store.Put(ctx, "", data, meta, objectstore.WithNUID(nuid), objectstore.WithNameFromDigest(uploadName))
+	if err != nil {
 		return err
 	}
-	_, err := store.Link(ctx, alias, dn.name)
+	_, err = store.Link(ctx, alias, info.Name)
 	return err
 }

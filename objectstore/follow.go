@@ -53,7 +53,10 @@ func WithSHA256(sum [sha256.Size]byte) PutOption {
 // caller that also gave WithNUID can announce the object to a reader while
 // it is written. The name is written with the meta, last; until then the
 // chunks are under the nuid alone. A name nameOf gives that is empty fails
-// the Put.
+// the Put. If that name holds the same bytes already (an object written
+// by another Put), the Put stops writing, purges its chunks and returns
+// the stored object's Info: an object named by its content is never
+// replaced, as readers may be copying its chunks.
 func WithNameFromDigest(nameOf func(sum [sha256.Size]byte) string) PutOption {
 	return func(c *putConfig) { c.nameOf = nameOf }
 }
