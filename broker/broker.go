@@ -204,6 +204,10 @@ func (b *Broker) Start(ctx context.Context) error {
 		return fmt.Errorf("broker: %w", err)
 	}
 	p := b.cfg.Provision
+	// Results in memory: a quarter of what the server may hold in memory.
+	if jc := b.srv.JetStreamConfig(); jc != nil && jc.MaxMemory > 0 && (p.ResultsMaxBytes == 0 || p.ResultsMaxBytes > jc.MaxMemory/4) {
+		p.ResultsMaxBytes = jc.MaxMemory / 4
+	}
 	if p.XferStorage == jetstream.MemoryStorage {
 		// Transfers in memory: bound the bucket by what the server may
 		// hold in memory, leaving half for everything else.

@@ -44,10 +44,13 @@ func TestStartProvisionsEverything(t *testing.T) {
 	if _, err := js.KeyValue(ctx, "FABRIC_CTRL"); err != nil {
 		t.Error(err)
 	}
-	for _, b := range []string{"FABRIC_XFER", "FABRIC_CKPT"} {
+	for _, b := range []string{"FABRIC_XFER", "FABRIC_RESULTS", "FABRIC_CKPT"} {
 		if _, err := js.ObjectStore(ctx, b); err != nil {
 			t.Error(err)
 		}
+	}
+	if rs, err := js.Stream(ctx, "OBJ_FABRIC_RESULTS"); err != nil || rs.CachedInfo().Config.Storage != jetstream.MemoryStorage || rs.CachedInfo().Config.MaxBytes <= 0 {
+		t.Errorf("results bucket: want memory storage, bounded: %v", err)
 	}
 	if err := broker.WaitProvisioned(ctx, js, b.Names()); err != nil {
 		t.Error(err)
@@ -148,6 +151,8 @@ func TestBadConfig(t *testing.T) {
 		"cluster in proc":  func(c *broker.Config) { c.InProcess = true; c.Cluster.Name = "c" },
 		"missing file":     func(c *broker.Config) { c.ConfigFile = "/nonexistent/nats.conf" },
 		"xfer storage 7":   func(c *broker.Config) { c.Provision.XferStorage = 7 },
+		"results ttl":      func(c *broker.Config) { c.Provision.ResultsTTL = -time.Second },
+		"results bytes":    func(c *broker.Config) { c.Provision.ResultsMaxBytes = -1 },
 		"raft no cluster":  func(c *broker.Config) { c.Cluster.Raft = broker.NATSRaftTimers() },
 		"raft elects fast": func(c *broker.Config) {
 			c.Cluster.Name = "c"

@@ -134,6 +134,14 @@ type Provision struct {
 	XferTTL time.Duration
 	// XferMaxBytes bounds the transfer bucket.
 	XferMaxBytes int64
+	// ResultsTTL is how long a large result lives in the results bucket
+	// (its reader deletes it once read; the TTL takes those never read).
+	ResultsTTL time.Duration
+	// ResultsMaxBytes bounds the results bucket, which the server keeps in
+	// memory: it is cut to a quarter of the server's JetStream memory, and
+	// workers write a result over an eighth of it to the transfer bucket
+	// instead.
+	ResultsMaxBytes int64
 	// Tenants makes the ops and jobs streams capture the tenants' frames
 	// and jobs (fabric.t.*.ops.*.*, fabric.t.*.jobs.*) beside the
 	// single-user ones. Set by the broker when it has an auth directory.
@@ -163,15 +171,18 @@ func DefaultConfig() Config {
 }
 
 // DefaultProvision: R1, a 4 GiB ops stream with frames up to 8 MiB kept for
-// a day, transfers kept for an hour in up to 16 GiB.
+// a day, transfers kept for an hour in up to 16 GiB, large results kept
+// for 10 minutes in up to 4 GiB of memory.
 func DefaultProvision() Provision {
 	return Provision{
-		Replicas:      1,
-		OpsMaxBytes:   4 << 30,
-		OpsMaxAge:     24 * time.Hour,
-		OpsMaxMsgSize: 8 << 20,
-		XferTTL:       time.Hour,
-		XferMaxBytes:  16 << 30,
+		Replicas:        1,
+		OpsMaxBytes:     4 << 30,
+		OpsMaxAge:       24 * time.Hour,
+		OpsMaxMsgSize:   8 << 20,
+		XferTTL:         time.Hour,
+		XferMaxBytes:    16 << 30,
+		ResultsTTL:      10 * time.Minute,
+		ResultsMaxBytes: 4 << 30,
 	}
 }
 
@@ -253,7 +264,7 @@ func (p Provision) validate(maxPayload int32) error {
 		return fmt.Errorf("%w: replicas %d; want 1, 3 or 5", ErrInvalidConfig, p.Replicas)
 	case p.OpsMaxMsgSize <= 0 || p.OpsMaxMsgSize > maxPayload:
 		return fmt.Errorf("%w: ops max message size %d must be in (0, max payload %d]", ErrInvalidConfig, p.OpsMaxMsgSize, maxPayload)
-	case p.OpsMaxBytes < 0 || p.XferMaxBytes < 0 || p.OpsMaxAge < 0 || p.XferTTL < 0:
+	case p.OpsMaxBytes < 0 || p.XferMaxBytes < 0 || p.OpsMaxAge < 0 || p.XferTTL < 0 || p.ResultsTTL < 0 || p.ResultsMaxBytes < 0:
 		return fmt.Errorf("%w: negative stream limit", ErrInvalidConfig)
 	case p.XferStorage != jetstream.FileStorage && p.XferStorage != jetstream.MemoryStorage:
 		return fmt.Errorf("%w: transfer storage %d; want file or memory", ErrInvalidConfig, p.XferStorage)

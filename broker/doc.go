@@ -1,7 +1,9 @@
 // Package broker runs jetfabric's embedded NATS server with JetStream and
-// provisions what the fabric needs in it: the ops stream (FABRIC_OPS), the
-// control key-value bucket (FABRIC_CTRL) and the transfer object bucket
-// (FABRIC_XFER).
+// provisions what the fabric needs in it: the ops and jobs streams
+// (FABRIC_OPS, FABRIC_JOBS), the control and graph key-value buckets
+// (FABRIC_CTRL, FABRIC_GRAPHS) and the object buckets of transfers and
+// uploads (FABRIC_XFER), large results (FABRIC_RESULTS, in memory) and
+// checkpoints (FABRIC_CKPT).
 //
 // A Broker is a single node or one node of a JetStream cluster. Start
 // returns once JetStream itself answers (not merely once the listener is

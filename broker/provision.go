@@ -88,6 +88,17 @@ func ProvisionStreams(ctx context.Context, js jetstream.JetStream, names subject
 		return fmt.Errorf("broker: provision bucket %s: %w", names.XferBucket(), err)
 	}
 	_, err = js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
+		Bucket:      names.ResultsBucket(),
+		Description: "jetfabric large results, each read once; in memory",
+		TTL:         p.ResultsTTL,
+		MaxBytes:    orUnlimited(p.ResultsMaxBytes),
+		Storage:     jetstream.MemoryStorage,
+		Replicas:    p.Replicas,
+	})
+	if err != nil {
+		return fmt.Errorf("broker: provision bucket %s: %w", names.ResultsBucket(), err)
+	}
+	_, err = js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
 		Bucket:      names.CkptBucket(),
 		Description: "jetfabric device checkpoints: every session's tensors at a stream sequence",
 		Storage:     jetstream.FileStorage,
@@ -99,7 +110,7 @@ func ProvisionStreams(ctx context.Context, js jetstream.JetStream, names subject
 	return nil
 }
 
-// WaitProvisioned waits until the ops stream and both buckets exist, for
+// WaitProvisioned waits until the streams and buckets exist, for
 // processes (workers, clients) that use a broker someone else provisions.
 func WaitProvisioned(ctx context.Context, js jetstream.JetStream, names subjects.Names) error {
 	for {
@@ -127,7 +138,7 @@ func checkProvisioned(ctx context.Context, js jetstream.JetStream, names subject
 	if _, err := js.KeyValue(cctx, names.CtrlBucket()); err != nil {
 		return fmt.Errorf("bucket %s: %w", names.CtrlBucket(), err)
 	}
-	for _, b := range []string{names.XferBucket(), names.CkptBucket()} {
+	for _, b := range []string{names.XferBucket(), names.ResultsBucket(), names.CkptBucket()} {
 		if _, err := js.ObjectStore(cctx, b); err != nil {
 			if errors.Is(err, jetstream.ErrBucketNotFound) {
 				return fmt.Errorf("bucket %s: %w", b, err)

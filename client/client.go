@@ -35,12 +35,15 @@ type Client struct {
 	xfer     *objectstore.Store
 	closed   bool
 
-	// lanes is the transfer bucket on xfer's connection and on the
-	// connections laneNC dialled beside it (see transferLanes); laneMu
-	// guards both, apart from mu, since dialling takes a while.
+	// laneJS are the JetStreams of the connections laneNC dialled beside
+	// the client's own (see lanesOf), dialled once; lanes holds each
+	// bucket on all of them. laneMu guards the three, apart from mu,
+	// since dialling takes a while.
 	laneMu sync.Mutex
-	lanes  objectstore.Lanes
+	dialed bool
+	laneJS []jetstream.JetStream
 	laneNC []*nats.Conn
+	lanes  map[string]objectstore.Lanes
 
 	// redeliv publishes again the frames whose publish failed (see
 	// redelivery); its goroutine runs from newClient to Close.
@@ -363,27 +366,48 @@ func (c *Client) objects() (*objectstore.Store, error) {
 	return c.xfer, nil
 }
 
-// transferLanes is the transfer bucket on WithLanes connections: the
-// client's own and the others, dialled on first use with its connection's
-// options. A lane that cannot be dialled (a tenant's connection limit,
-// say) is done without.
+// transferLanes is the transfer bucket on the client's lanes (see lanesOf).
 func (c *Client) transferLanes() (objectstore.Lanes, error) {
-	first, err := c.objects()
-	if err != nil {
-		return nil, err
-	}
+	return c.lanesOf(c.names.XferBucket())
+}
+
+// lanesOf is bucket on WithLanes connections: the client's own and the
+// others, dialled on first use with its connection's options. A lane that
+// cannot be dialled (a tenant's connection limit, say) is done without.
+func (c *Client) lanesOf(bucket string) (objectstore.Lanes, error) {
 	c.laneMu.Lock()
 	defer c.laneMu.Unlock()
-	if c.lanes != nil {
-		return c.lanes, nil
+	if l := c.lanes[bucket]; l != nil {
+		return l, nil
 	}
+	if !c.dialed {
+		c.dialLanes()
+	}
+	lanes := make(objectstore.Lanes, 0, 1+len(c.laneJS))
+	for _, js := range append([]jetstream.JetStream{c.js}, c.laneJS...) {
+		s, err := objectstore.New(js, bucket, objectstore.WithTimeout(c.opts.objectTimeout))
+		if err != nil {
+			return nil, fmt.Errorf("client: %w", err)
+		}
+		lanes = append(lanes, s)
+	}
+	if c.lanes == nil {
+		c.lanes = map[string]objectstore.Lanes{}
+	}
+	c.lanes[bucket] = lanes
+	return lanes, nil
+}
+
+// dialLanes dials the lanes beside the client's connection, under laneMu;
+// none once the client is closed (Close would not close them).
+func (c *Client) dialLanes() {
 	c.mu.Lock()
 	closed := c.closed
 	c.mu.Unlock()
 	if closed {
-		return objectstore.Lanes{first}, nil // dial nothing Close would not close
+		return
 	}
-	c.lanes = objectstore.Lanes{first}
+	c.dialed = true
 	for i := 1; i < c.opts.lanes; i++ {
 		opts := c.nc.Opts
 		opts.Name = fmt.Sprintf("%s lane %d", opts.Name, i+1)
@@ -392,26 +416,16 @@ func (c *Client) transferLanes() (objectstore.Lanes, error) {
 		opts.ReconnectedCB, opts.DiscoveredServersCB, opts.AsyncErrorCB, opts.ReconnectErrCB = nil, nil, nil, nil
 		nc, err := opts.Connect()
 		if err != nil {
-			break
+			return
 		}
-		s, err := c.laneStore(nc)
+		js, err := jetstream.New(nc)
 		if err != nil {
 			nc.Close()
-			break
+			return
 		}
-		c.lanes = append(c.lanes, s)
+		c.laneJS = append(c.laneJS, js)
 		c.laneNC = append(c.laneNC, nc)
 	}
-	return c.lanes, nil
-}
-
-// laneStore is the transfer bucket on the lane connection nc.
-func (c *Client) laneStore(nc *nats.Conn) (*objectstore.Store, error) {
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, err
-	}
-	return objectstore.New(js, c.names.XferBucket(), objectstore.WithTimeout(c.opts.objectTimeout))
 }
 
 // Close closes every session's subscription and, if the client dialled

@@ -72,34 +72,16 @@ func TestLanes(t *testing.T) {
 			t.Fatalf("piece %d of the upload is not an object named by its digest: %v", i, err)
 		}
 	}
-	results := func() []string {
-		t.Helper()
-		st, err := js.Stream(ctx, "OBJ_FABRIC_XFER")
-		if err != nil {
-			t.Fatal(err)
-		}
-		si, err := st.Info(ctx, jetstream.WithSubjectFilter("$O.FABRIC_XFER.M.>"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var names []string
-		for subj := range si.State.Subjects {
-			name, err := base64.URLEncoding.DecodeString(strings.TrimPrefix(subj, "$O.FABRIC_XFER.M."))
-			if err != nil {
-				t.Fatalf("meta subject %s: %v", subj, err)
-			}
-			if strings.HasPrefix(string(name), "result-") {
-				names = append(names, string(name))
-			}
-		}
-		return names
-	}
-	names := results()
+	names := resultObjects(t, js, "FABRIC_RESULTS")
 	if len(names) != 3 {
 		t.Fatalf("result objects %v, want three pieces", names)
 	}
+	results, err := js.ObjectStore(ctx, "FABRIC_RESULTS")
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, name := range names {
-		info, err := objects.GetInfo(ctx, name, jetstream.GetObjectInfoShowDeleted())
+		info, err := results.GetInfo(ctx, name, jetstream.GetObjectInfoShowDeleted())
 		if err != nil || !info.Deleted || !strings.HasSuffix(name, ".0") && !strings.HasSuffix(name, ".1") && !strings.HasSuffix(name, ".2") {
 			t.Fatalf("result piece %s: %+v, %v; want a deleted piece", name, info, err)
 		}
@@ -118,7 +100,73 @@ func TestLanes(t *testing.T) {
 	if got, err = z.Add(s1.Full(nil, 0.5)).Read(ctx); err != nil || !bytes.Equal(got.Bytes, want) {
 		t.Fatalf("whole result: %v (or other bytes)", err)
 	}
-	if names := results(); len(names) != 4 {
+	if names := resultObjects(t, js, "FABRIC_RESULTS"); len(names) != 4 {
 		t.Fatalf("result objects %v, want the three pieces and one whole", names)
+	}
+}
+
+// resultObjects lists the names of the result objects in bucket, deleted
+// ones included.
+func resultObjects(t *testing.T, js jetstream.JetStream, bucket string) []string {
+	t.Helper()
+	st, err := js.Stream(context.Background(), "OBJ_"+bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefix := "$O." + bucket + ".M."
+	si, err := st.Info(context.Background(), jetstream.WithSubjectFilter(prefix+">"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for subj := range si.State.Subjects {
+		name, err := base64.URLEncoding.DecodeString(strings.TrimPrefix(subj, prefix))
+		if err != nil {
+			t.Fatalf("meta subject %s: %v", subj, err)
+		}
+		if strings.HasPrefix(string(name), "result-") {
+			names = append(names, string(name))
+		}
+	}
+	return names
+}
+
+// TestResultsBucket: a large result goes through FABRIC_RESULTS, which
+// the broker keeps in memory, and is deleted once read; one over an
+// eighth of that bucket goes through FABRIC_XFER instead. The bytes are
+// right either way.
+func TestResultsBucket(t *testing.T) {
+	b := brokertest.Run(t, func(c *broker.Config) { c.Provision.ResultsMaxBytes = 8 << 20 })
+	workertest.Run(t, b, workertest.CPUs(1), func(c *worker.Config) { c.Limits.InlineBytes = 64 << 10 })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := client.Connect(b.ClientURL(), client.WithLanes(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s := open(t, c, "cpu-0")
+	js, _ := jetstream.New(c.Conn())
+	for _, n := range []int{128 << 10, 512 << 10} { // f32 elements: 512 KiB, then 2 MiB
+		got := read(t, s.Arange(0, float64(n), 1))
+		if len(got) != n || got[n-1] != float32(n-1) || got[12345] != 12345 {
+			t.Fatalf("%d elements read back: %d, [12345]=%v", n, len(got), got[12345])
+		}
+	}
+	if names := resultObjects(t, js, "FABRIC_RESULTS"); len(names) != 1 {
+		t.Fatalf("results in FABRIC_RESULTS: %v, want the 512 KiB one", names)
+	}
+	if names := resultObjects(t, js, "FABRIC_XFER"); len(names) != 1 {
+		t.Fatalf("results in FABRIC_XFER: %v, want the 2 MiB one (over an eighth of 8 MiB)", names)
+	}
+	for _, bucket := range []string{"FABRIC_RESULTS", "FABRIC_XFER"} {
+		os, err := js.ObjectStore(ctx, bucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := resultObjects(t, js, bucket)[0]
+		if info, err := os.GetInfo(ctx, name, jetstream.GetObjectInfoShowDeleted()); err != nil || !info.Deleted {
+			t.Fatalf("%s in %s after it was read: %+v, %v; want it deleted", name, bucket, info, err)
+		}
 	}
 }

@@ -177,6 +177,13 @@ func (s *Session) fetch(ctx context.Context, td *codec.Tensor) ([]byte, error) {
 	if td.Pieces != 0 {
 		return s.fetchPieces(ctx, td)
 	}
+	if td.Bucket != "" {
+		lanes, err := s.c.lanesOf(td.Bucket)
+		if err != nil {
+			return nil, fmt.Errorf("client: read result object %s: %w", td.Object, err)
+		}
+		store = lanes[0]
+	}
 	var b []byte
 	var info objectstore.Info
 	if td.NUID != "" {
@@ -202,9 +209,13 @@ func (s *Session) fetch(ctx context.Context, td *codec.Tensor) ([]byte, error) {
 // fetchPieces reads a result that comes as pieces (see codec.Op.Pieces),
 // each on a lane, then deletes them.
 func (s *Session) fetchPieces(ctx context.Context, td *codec.Tensor) ([]byte, error) {
-	lanes, err := s.c.transferLanes()
+	bucket := td.Bucket
+	if bucket == "" {
+		bucket = s.c.names.XferBucket()
+	}
+	lanes, err := s.c.lanesOf(bucket)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("client: read result object %s: %w", td.Object, err)
 	}
 	n, err := tensorBytes(td.DType, td.Shape)
 	if err != nil {

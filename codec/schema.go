@@ -192,6 +192,10 @@ type Tensor struct {
 	// Pieces, with Object and NUID, says the bytes come as that many
 	// pieces, named and cut as an upload's (see Op.Pieces).
 	Pieces int `cbor:"pieces,omitempty" json:"pieces,omitempty"`
+	// Bucket, with Object, names the object bucket holding it when that is
+	// not the session's transfer bucket: FABRIC_RESULTS, which the broker
+	// keeps in memory.
+	Bucket string `cbor:"bucket,omitempty" json:"bucket,omitempty"`
 }
 
 // Error codes.

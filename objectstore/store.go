@@ -109,6 +109,9 @@ func New(js jetstream.JetStream, bucket string, opts ...Option) (*Store, error) 
 // Bucket is the name of the bucket the store works on.
 func (s *Store) Bucket() string { return s.bucket }
 
+// MaxBytes is the most bytes the bucket's stream holds (-1 or 0: no limit).
+func (s *Store) MaxBytes() int64 { return s.stream.CachedInfo().Config.MaxBytes }
+
 // InMemory says whether the bucket's stream keeps its messages in memory.
 func (s *Store) InMemory() bool {
 	return s.stream.CachedInfo().Config.Storage == jetstream.MemoryStorage

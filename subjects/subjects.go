@@ -100,6 +100,12 @@ func (n Names) XferBucket() string {
 	return n.upper + "_XFER"
 }
 
+// ResultsBucket is the object bucket holding large results of the
+// single-user sessions, kept in the broker's memory (a result is read
+// once, and asked for again if lost): FABRIC_RESULTS. A tenant's results
+// go to its own bucket (XferBucket of its names).
+func (n Names) ResultsBucket() string { return n.upper + "_RESULTS" }
+
 // Ops is the subject a client publishes a session's frames to:
 // fabric.ops.<device>.<session>, or fabric.t.<tenant>.ops.<device>.<session>
 // for a tenant's names. Both tokens must be valid (see ValidateToken).

@@ -12,6 +12,7 @@ func TestNames(t *testing.T) {
 		{n.OpsStream(), "FABRIC_OPS"},
 		{n.CtrlBucket(), "FABRIC_CTRL"},
 		{n.XferBucket(), "FABRIC_XFER"},
+		{n.ResultsBucket(), "FABRIC_RESULTS"},
 		{n.Ops("cpu-0", "s1"), "fabric.ops.cpu-0.s1"},
 		{n.OpsDevice("gpu-3"), "fabric.ops.gpu-3.*"},
 		{n.OpsAll(), "fabric.ops.>"},

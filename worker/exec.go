@@ -540,7 +540,7 @@ func (x *exec) tensorData(t *kernels.Tensor, pieces int) (td *codec.Tensor, writ
 		}
 		return td, nil, nil
 	}
-	lanes, err := x.lanes()
+	lanes, bucket, err := x.resultLanes(t.Bytes())
 	if err != nil {
 		return nil, nil, err
 	}
@@ -548,7 +548,7 @@ func (x *exec) tensorData(t *kernels.Tensor, pieces int) (td *codec.Tensor, writ
 	if err != nil {
 		return nil, nil, err
 	}
-	td.Object, td.NUID = "result-"+randomID(), objectstore.NewNUID()
+	td.Object, td.NUID, td.Bucket = "result-"+randomID(), objectstore.NewNUID(), bucket
 	x.io.outObject += uint64(len(data))
 	meta := map[string]string{"dtype": td.DType, "shape": shapeString(t.Shape)}
 	if k := lanes.Pieces(len(data), pieces); k > 1 {
@@ -571,6 +571,20 @@ func (x *exec) tensorData(t *kernels.Tensor, pieces int) (td *codec.Tensor, writ
 			_ = xfer.Abort(ctx, td.Object, td.NUID, "store result: "+err.Error())
 		}
 	}, nil
+}
+
+// resultLanes is where a large result of n bytes goes: the results bucket
+// (in the broker's memory) for a single-user session, when the result
+// takes at most an eighth of it; else the session's transfer bucket.
+// bucket names the results bucket, "" for the transfer bucket.
+func (x *exec) resultLanes(n int) (lanes objectstore.Lanes, bucket string, err error) {
+	if r := x.d.w.results; r != nil && x.s.tenant == "" {
+		if max := r[0].MaxBytes(); max <= 0 || int64(n) <= max/8 {
+			return r, r[0].Bucket(), nil
+		}
+	}
+	lanes, err = x.lanes()
+	return lanes, "", err
 }
 
 // finiteValues returns the elements as numbers if all are finite (JSON

@@ -28,8 +28,9 @@ type Worker struct {
 	ctrl  jetstream.KeyValue
 	ckpt  *objectstore.Store
 	// xfer is the transfer bucket on every transfer lane; xfer[0] moves
-	// whole objects.
-	xfer objectstore.Lanes
+	// whole objects. results is the results bucket (FABRIC_RESULTS, in the
+	// broker's memory) on every lane, nil when the broker has none.
+	xfer, results objectstore.Lanes
 	// laneJS are the transfer lanes' JetStreams (Config.Lanes), on the
 	// connections laneNC; ckptNC is ckpt's connection (see dial).
 	laneJS []jetstream.JetStream
@@ -97,6 +98,12 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.ckptNC, ckptJS = w.dial("checkpoints")
 	if w.xfer, err = w.openLanes(w.names.XferBucket()); err == nil {
 		w.ckpt, err = objectstore.New(ckptJS, w.names.CkptBucket(), objectstore.WithTimeout(w.cfg.ObjectTimeout))
+	}
+	if err == nil {
+		if w.results, err = w.openLanes(w.names.ResultsBucket()); errors.Is(err, objectstore.ErrBucketNotFound) {
+			w.logf("worker: no bucket %s (a broker before it): large results go to %s", w.names.ResultsBucket(), w.names.XferBucket())
+			w.results, err = nil, nil
+		}
 	}
 	if err != nil {
 		w.closeSecond()

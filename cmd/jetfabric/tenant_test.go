@@ -585,13 +585,13 @@ func testIsolation(t *testing.T, f *tenantFabric, alice *client.Client, small0, 
 	}
 	v0 := f.b.Violations()
 	// Subscriptions to everything, to alice's inbox, to her bucket's chunks.
-	subs := []string{">", "fabric.>", "fabric.t.alice.>", "_INBOX_fabric.t.alice.>", "_INBOX_fabric.>", "$O.FABRIC_XFER_alice.>", "$O.FABRIC_XFER.>", "$KV.>", "$JS.>", "$SRV.>", "$SYS.>"}
+	subs := []string{">", "fabric.>", "fabric.t.alice.>", "_INBOX_fabric.t.alice.>", "_INBOX_fabric.>", "$O.FABRIC_XFER_alice.>", "$O.FABRIC_XFER.>", "$O.FABRIC_RESULTS.>", "$KV.>", "$JS.>", "$SRV.>", "$SYS.>"}
 	for _, subj := range subs {
 		if _, err := bob.ChanSubscribe(subj, got); err != nil {
 			t.Fatal(err)
 		}
 	}
-	streams := []string{"FABRIC_OPS", "FABRIC_JOBS", "KV_FABRIC_CTRL", "KV_FABRIC_GRAPHS", "OBJ_FABRIC_XFER", "OBJ_FABRIC_CKPT", "OBJ_FABRIC_XFER_alice"}
+	streams := []string{"FABRIC_OPS", "FABRIC_JOBS", "KV_FABRIC_CTRL", "KV_FABRIC_GRAPHS", "OBJ_FABRIC_XFER", "OBJ_FABRIC_RESULTS", "OBJ_FABRIC_CKPT", "OBJ_FABRIC_XFER_alice"}
 	var pubs []string
 	for _, st := range streams {
 		pubs = append(pubs,
@@ -642,6 +642,7 @@ func testIsolation(t *testing.T, f *tenantFabric, alice *client.Client, small0, 
 		"$KV.FABRIC_GRAPHS.t.alice.x",
 		"$O.FABRIC_XFER_alice.C.x",
 		"$O.FABRIC_XFER.C.x",
+		"$O.FABRIC_RESULTS.C.x",
 		"$O.FABRIC_CKPT.C.x",
 		// Frames and heartbeats into alice's session, in both layouts.
 		aliceNames.Ops("cpu-0", aliceSid),

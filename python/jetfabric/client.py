@@ -45,6 +45,7 @@ from .errors import (
     NoLeaderError,
     NoQuorumError,
     NoRespondersError,
+    ObjectStoreError,
     TimeoutError,
     op_error,
 )
@@ -1891,6 +1892,7 @@ class Fabric:
         self.publish_window = publish_window
         self.frame_check = frame_check
         self.objects = ObjectStore(self.conn, self.xfer_bucket, timeout=max(timeout, 30.0))
+        self._buckets: Dict[str, ObjectStore] = {}
         self._sessions: List[Session] = []
         self._default: Optional[Session] = None
         self._lock = threading.Lock()
@@ -2252,19 +2254,33 @@ class Fabric:
     def _fetch_result(self, td: dict, timeout: Optional[float]) -> bytearray:
         name = td["object"]
         wait = self.read_timeout if timeout is None else timeout
+        store = self._bucket(td.get("bucket") or self.xfer_bucket)
         if td.get("nuid"):
             size = None
             if td.get("dtype") in DTYPES:
                 size = _numel(td.get("shape") or ()) * DTYPES[td["dtype"]][0]
-            data, meta = self.objects.follow(name, td["nuid"], timeout=wait, size=size)
+            data, meta = store.follow(name, td["nuid"], timeout=wait, size=size)
         else:
-            meta = self.objects.wait(name, timeout=wait)
-            data = self.objects.get(name, meta)
+            meta = store.wait(name, timeout=wait)
+            data = store.get(name, meta)
         try:
-            self.objects.delete(name, meta, wait=False)
+            store.delete(name, meta, wait=False)
         except FabricError:
             pass
         return data
+
+    def _bucket(self, bucket: str) -> ObjectStore:
+        """The object bucket a result names (FABRIC_RESULTS, in the broker's
+        memory, for the single-user sessions), on this client's connection."""
+        if bucket == self.objects.bucket:
+            return self.objects
+        with self._lock:
+            store = self._buckets.get(bucket)
+            if store is None:
+                if not bucket or any(not (c.isalnum() or c in "_-") for c in bucket):
+                    raise ObjectStoreError("a result names the object bucket %r" % bucket)
+                store = self._buckets[bucket] = ObjectStore(self.conn, bucket, timeout=self.objects.timeout)
+            return store
 
     # -- graphs ----------------------------------------------------------------
 

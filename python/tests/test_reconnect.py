@@ -282,7 +282,7 @@ class TestLostAnswers(unittest.TestCase):
             s = fab.session("cpu-0")
             x = s.full([n], 1.5)
             s.sync()
-            self.proxy.drop("$O.%s.C." % fab.xfer_bucket, cut=True)
+            self.proxy.drop("$O.FABRIC_RESULTS.C.", cut=True)  # results: in memory, FABRIC_RESULTS
             for _ in range(30):
                 a = x.read(timeout=120)
                 self.assertEqual(a.shape, (n,))
