@@ -551,24 +551,22 @@ func (x *exec) tensorData(t *kernels.Tensor, pieces int) (td *codec.Tensor, writ
 	td.Object, td.NUID, td.Bucket = "result-"+randomID(), objectstore.NewNUID(), bucket
 	x.io.outObject += uint64(len(data))
 	meta := map[string]string{"dtype": td.DType, "shape": shapeString(t.Shape)}
-	if k := lanes.Pieces(len(data), pieces); k > 1 {
+	k := lanes.Pieces(len(data), pieces)
+	if k > 1 {
 		td.Pieces = k
-		return td, func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-			defer cancel()
-			if err := lanes.Put(ctx, td.Object, td.NUID, k, data, meta); err != nil {
-				x.d.w.logf("worker: %s: store result %s: %v", x.d.cfg.Name, td.Object, err)
-			}
-		}, nil
 	}
-	xfer := lanes[0]
 	return td, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		if _, err := xfer.Put(ctx, td.Object, data, meta, objectstore.WithNUID(td.NUID)); err != nil {
-			x.d.w.logf("worker: %s: store result %s: %v", x.d.cfg.Name, td.Object, err)
+		var err error
+		if k > 1 {
+			err = lanes.Put(ctx, td.Object, td.NUID, k, data, meta) // aborts the pieces itself
+		} else if _, err = lanes[0].Put(ctx, td.Object, data, meta, objectstore.WithNUID(td.NUID)); err != nil {
 			// The reader is following the chunks: tell it why none will come.
-			_ = xfer.Abort(ctx, td.Object, td.NUID, "store result: "+err.Error())
+			_ = lanes[0].Abort(ctx, td.Object, td.NUID, "store result: "+err.Error())
+		}
+		if err != nil {
+			x.d.w.logf("worker: %s: store result %s: %v", x.d.cfg.Name, td.Object, err)
 		}
 	}, nil
 }
