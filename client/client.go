@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetfabric/jetfabric/codec"
+	"github.com/jetfabric/jetfabric/internal/natsconn"
 	"github.com/jetfabric/jetfabric/objectstore"
 	"github.com/jetfabric/jetfabric/subjects"
 )
@@ -32,7 +33,6 @@ type Client struct {
 
 	mu       sync.Mutex
 	sessions map[string]*Session // by op subject, for the stream's acknowledgements
-	xfer     *objectstore.Store
 	closed   bool
 
 	// laneJS are the JetStreams of the connections laneNC dialled beside
@@ -352,18 +352,13 @@ func (c *Client) forget(s *Session) {
 	c.mu.Unlock()
 }
 
-// objects returns the transfer bucket, opened on first use.
+// objects is the transfer bucket on the client's own connection.
 func (c *Client) objects() (*objectstore.Store, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.xfer == nil {
-		s, err := objectstore.New(c.js, c.names.XferBucket(), objectstore.WithTimeout(c.opts.objectTimeout))
-		if err != nil {
-			return nil, fmt.Errorf("client: %w", err)
-		}
-		c.xfer = s
+	lanes, err := c.transferLanes()
+	if err != nil {
+		return nil, err
 	}
-	return c.xfer, nil
+	return lanes[0], nil
 }
 
 // transferLanes is the transfer bucket on the client's lanes (see lanesOf).
@@ -409,12 +404,7 @@ func (c *Client) dialLanes() {
 	}
 	c.dialed = true
 	for i := 1; i < c.opts.lanes; i++ {
-		opts := c.nc.Opts
-		opts.Name = fmt.Sprintf("%s lane %d", opts.Name, i+1)
-		// The caller's handlers are for its own connection.
-		opts.ClosedCB, opts.DisconnectedCB, opts.DisconnectedErrCB, opts.ConnectedCB = nil, nil, nil, nil
-		opts.ReconnectedCB, opts.DiscoveredServersCB, opts.AsyncErrorCB, opts.ReconnectErrCB = nil, nil, nil, nil
-		nc, err := opts.Connect()
+		nc, err := natsconn.Another(c.nc, fmt.Sprintf("%s lane %d", c.nc.Opts.Name, i+1))
 		if err != nil {
 			return
 		}

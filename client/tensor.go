@@ -1,6 +1,7 @@
 package client
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -170,20 +171,14 @@ const readAttempts = 3
 // deletes it. When the reply names the chunk subject (the worker answered
 // before writing), the chunks are copied as they are stored.
 func (s *Session) fetch(ctx context.Context, td *codec.Tensor) ([]byte, error) {
-	store, err := s.c.objects()
+	lanes, err := s.c.lanesOf(cmp.Or(td.Bucket, s.c.names.XferBucket()))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("client: read result object %s: %w", td.Object, err)
 	}
 	if td.Pieces != 0 {
-		return s.fetchPieces(ctx, td)
+		return s.fetchPieces(ctx, lanes, td)
 	}
-	if td.Bucket != "" {
-		lanes, err := s.c.lanesOf(td.Bucket)
-		if err != nil {
-			return nil, fmt.Errorf("client: read result object %s: %w", td.Object, err)
-		}
-		store = lanes[0]
-	}
+	store := lanes[0]
 	var b []byte
 	var info objectstore.Info
 	if td.NUID != "" {
@@ -208,15 +203,7 @@ func (s *Session) fetch(ctx context.Context, td *codec.Tensor) ([]byte, error) {
 
 // fetchPieces reads a result that comes as pieces (see codec.Op.Pieces),
 // each on a lane, then deletes them.
-func (s *Session) fetchPieces(ctx context.Context, td *codec.Tensor) ([]byte, error) {
-	bucket := td.Bucket
-	if bucket == "" {
-		bucket = s.c.names.XferBucket()
-	}
-	lanes, err := s.c.lanesOf(bucket)
-	if err != nil {
-		return nil, fmt.Errorf("client: read result object %s: %w", td.Object, err)
-	}
+func (s *Session) fetchPieces(ctx context.Context, lanes objectstore.Lanes, td *codec.Tensor) ([]byte, error) {
 	n, err := tensorBytes(td.DType, td.Shape)
 	if err != nil {
 		return nil, fmt.Errorf("client: read result object %s: %w", td.Object, err)

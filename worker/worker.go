@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/jetfabric/jetfabric/codec"
+	"github.com/jetfabric/jetfabric/internal/natsconn"
 	"github.com/jetfabric/jetfabric/objectstore"
 	"github.com/jetfabric/jetfabric/subjects"
 )
@@ -357,12 +358,7 @@ func (w *Worker) logf(format string, args ...any) {
 // moving. On failure, nil and the first connection's JetStream, which
 // serves then.
 func (w *Worker) dial(purpose string) (*nats.Conn, jetstream.JetStream) {
-	opts := w.nc.Opts
-	opts.Name = strings.TrimSpace(opts.Name + " " + purpose)
-	// The caller's handlers are for its own connection.
-	opts.ClosedCB, opts.DisconnectedCB, opts.DisconnectedErrCB, opts.ConnectedCB = nil, nil, nil, nil
-	opts.ReconnectedCB, opts.DiscoveredServersCB, opts.AsyncErrorCB, opts.ReconnectErrCB = nil, nil, nil, nil
-	nc, err := opts.Connect()
+	nc, err := natsconn.Another(w.nc, strings.TrimSpace(w.nc.Opts.Name+" "+purpose))
 	if err != nil {
 		w.logf("worker: a connection of its own for %s: %v; they share the worker's", purpose, err)
 		return nil, w.js
