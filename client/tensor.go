@@ -197,7 +197,12 @@ func (s *Session) fetch(ctx context.Context, td *codec.Tensor) ([]byte, error) {
 	if td.SHA256 != "" && info.SHA256 != td.SHA256 {
 		return nil, fmt.Errorf("client: result object %s digest %s, the worker wrote %s", td.Object, info.SHA256, td.SHA256)
 	}
-	_ = store.Delete(ctx, td.Object)
+	if td.NUID != "" {
+		// Followed: its meta may not be stored yet, so do not look it up.
+		_ = store.Discard(ctx, td.Object, td.NUID)
+	} else {
+		_ = store.Delete(ctx, td.Object)
+	}
 	return b, nil
 }
 
@@ -212,7 +217,7 @@ func (s *Session) fetchPieces(ctx context.Context, lanes objectstore.Lanes, td *
 	if err := lanes.Follow(ctx, td.Object, td.NUID, td.Pieces, b); err != nil {
 		return nil, fmt.Errorf("client: read result object %s in %d pieces: %w", td.Object, td.Pieces, err)
 	}
-	_ = lanes.Delete(ctx, td.Object, td.Pieces)
+	_ = lanes.Discard(ctx, td.Object, td.NUID, td.Pieces)
 	return b, nil
 }
 

@@ -84,19 +84,35 @@ const hdrError = "Jetfabric-Error"
 // ErrNotFound and the reason. Chunks the writer stored under nuid (if
 // any) are purged.
 func (s *Store) Abort(ctx context.Context, name, nuid, reason string) error {
+	return s.deleteAs(ctx, name, nuid, map[string][]string{hdrError: {reason}})
+}
+
+// Discard deletes object name, written on the chunk subject nuid, without
+// reading its meta first: for a reader done with an object it followed,
+// whose copy of the meta can come before the stream stores it (a
+// subscriber gets a message first), when Delete would find nothing to
+// delete yet. The delete marker replaces the meta all the same: the stream
+// stores the writer's meta before a marker published after it was read.
+func (s *Store) Discard(ctx context.Context, name, nuid string) error {
+	return s.deleteAs(ctx, name, nuid, nil)
+}
+
+// deleteAs publishes a delete marker for name with headers, and purges
+// the chunk subject nuid.
+func (s *Store) deleteAs(ctx context.Context, name, nuid string, headers map[string][]string) error {
 	if name == "" {
 		return fmt.Errorf("%w: empty object name", ErrInvalidOption)
 	}
 	ctx, cancel := s.withTimeout(ctx)
 	defer cancel()
 	oi := &jetstream.ObjectInfo{
-		ObjectMeta: jetstream.ObjectMeta{Name: name, Headers: map[string][]string{hdrError: {reason}}},
+		ObjectMeta: jetstream.ObjectMeta{Name: name, Headers: headers},
 		Bucket:     s.bucket,
 		NUID:       nuid,
 		Deleted:    true,
 	}
 	if err := s.publishMeta(ctx, oi); err != nil {
-		return fmt.Errorf("objectstore: %s: abort %q: %w", s.bucket, name, err)
+		return fmt.Errorf("objectstore: %s: delete %q: %w", s.bucket, name, err)
 	}
 	if nuid != "" && ValidNUID(nuid) == nil {
 		return s.purge(ctx, nuid)

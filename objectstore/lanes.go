@@ -134,12 +134,13 @@ func (l Lanes) Abort(ctx context.Context, name, nuid string, k int, reason strin
 	})
 }
 
-// Delete deletes the k pieces of name. It tries every piece and returns
-// their errors joined.
-func (l Lanes) Delete(ctx context.Context, name string, k int) error {
+// Discard deletes the k pieces of name, written under nuid, without
+// reading their metas first (see Store.Discard): for the reader that
+// followed them. It tries every piece and returns their errors joined.
+func (l Lanes) Discard(ctx context.Context, name, nuid string, k int) error {
 	errs := make([]error, k)
 	_ = l.Each(ctx, k, func(ctx context.Context, s *Store, i int) error {
-		errs[i] = s.Delete(ctx, PieceName(name, i))
+		errs[i] = s.Discard(ctx, PieceName(name, i), PieceNUID(nuid, i))
 		return nil
 	})
 	return errors.Join(errs...)

@@ -91,11 +91,14 @@ func TestLanes(t *testing.T) {
 				t.Fatalf("piece %d of %d: %+v, %v (or no chunks on %s)", i, k, info, err, objectstore.PieceNUID(nuid, i))
 			}
 		}
-		if err := w.Delete(ctx, "obj", k); err != nil {
+		if err := r.Discard(ctx, "obj", nuid, k); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := w[1].Stat(ctx, objectstore.PieceName("obj", k-1)); !errors.Is(err, objectstore.ErrNotFound) {
-			t.Fatalf("piece %d after Delete: %v", k-1, err)
+			t.Fatalf("piece %d after Discard: %v", k-1, err)
+		}
+		if n := e.chunkCount(t, objectstore.PieceNUID(nuid, 0)); n != 0 {
+			t.Fatalf("piece 0's chunks after Discard: %d, want none", n)
 		}
 	}
 
