@@ -169,4 +169,20 @@ func TestResultsBucket(t *testing.T) {
 			t.Fatalf("%s in %s after it was read: %+v, %v; want it deleted", name, bucket, info, err)
 		}
 	}
+
+	// With the results bucket nearly full (results nobody read), a 512 KiB
+	// result goes to FABRIC_XFER too, instead of failing there.
+	results, err := js.ObjectStore(ctx, "FABRIC_RESULTS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := results.PutBytes(ctx, "result-unread", make([]byte, 15<<19)); err != nil { // 7.5 MiB
+		t.Fatal(err)
+	}
+	if got := read(t, s.Arange(0, 128<<10, 1)); len(got) != 128<<10 || got[777] != 777 {
+		t.Fatalf("a result beside a full results bucket: %d elements, [777]=%v", len(got), got[777])
+	}
+	if names := resultObjects(t, js, "FABRIC_XFER"); len(names) != 2 {
+		t.Fatalf("results in FABRIC_XFER: %v, want the 512 KiB one too, the results bucket being full", names)
+	}
 }

@@ -112,6 +112,22 @@ func (s *Store) Bucket() string { return s.bucket }
 // MaxBytes is the most bytes the bucket's stream holds (-1 or 0: no limit).
 func (s *Store) MaxBytes() int64 { return s.stream.CachedInfo().Config.MaxBytes }
 
+// Free is how many more bytes the bucket's stream holds before it refuses
+// writes, as the server counts them now (-1: no limit).
+func (s *Store) Free(ctx context.Context) (int64, error) {
+	max := s.MaxBytes()
+	if max <= 0 {
+		return -1, nil
+	}
+	ctx, cancel := s.withTimeout(ctx)
+	defer cancel()
+	si, err := s.stream.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("objectstore: %s: %w", s.bucket, err)
+	}
+	return max - int64(si.State.Bytes), nil
+}
+
 // InMemory says whether the bucket's stream keeps its messages in memory.
 func (s *Store) InMemory() bool {
 	return s.stream.CachedInfo().Config.Storage == jetstream.MemoryStorage

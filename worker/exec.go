@@ -573,16 +573,31 @@ func (x *exec) tensorData(t *kernels.Tensor, pieces int) (td *codec.Tensor, writ
 
 // resultLanes is where a large result of n bytes goes: the results bucket
 // (in the broker's memory) for a single-user session, when the result
-// takes at most an eighth of it; else the session's transfer bucket.
-// bucket names the results bucket, "" for the transfer bucket.
+// takes at most an eighth of it and, if over a 64th, the bucket has room
+// for it now (one question to the server, worth it at that size); else
+// the session's transfer bucket. bucket names the results bucket, "" for
+// the transfer bucket.
 func (x *exec) resultLanes(n int) (lanes objectstore.Lanes, bucket string, err error) {
-	if r := x.d.w.results; r != nil && x.s.tenant == "" {
-		if max := r[0].MaxBytes(); max <= 0 || int64(n) <= max/8 {
-			return r, r[0].Bucket(), nil
-		}
+	if r := x.d.w.results; r != nil && x.s.tenant == "" && fits(r[0], int64(n)) {
+		return r, r[0].Bucket(), nil
 	}
 	lanes, err = x.lanes()
 	return lanes, "", err
+}
+
+// fits says whether a result of n bytes goes to the results bucket s.
+func fits(s *objectstore.Store, n int64) bool {
+	max := s.MaxBytes()
+	switch {
+	case max <= 0 || n <= max/64:
+		return true
+	case n > max/8:
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	free, err := s.Free(ctx)
+	return err == nil && (free < 0 || n <= free)
 }
 
 // finiteValues returns the elements as numbers if all are finite (JSON
