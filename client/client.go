@@ -378,13 +378,9 @@ func (c *Client) lanesOf(bucket string) (objectstore.Lanes, error) {
 	if !c.dialed {
 		c.dialLanes()
 	}
-	lanes := make(objectstore.Lanes, 0, 1+len(c.laneJS))
-	for _, js := range append([]jetstream.JetStream{c.js}, c.laneJS...) {
-		s, err := objectstore.New(js, bucket, objectstore.WithTimeout(c.opts.objectTimeout))
-		if err != nil {
-			return nil, fmt.Errorf("client: %w", err)
-		}
-		lanes = append(lanes, s)
+	lanes, err := objectstore.NewLanes(append([]jetstream.JetStream{c.js}, c.laneJS...), bucket, objectstore.WithTimeout(c.opts.objectTimeout))
+	if err != nil {
+		return nil, fmt.Errorf("client: %w", err)
 	}
 	if c.lanes == nil {
 		c.lanes = map[string]objectstore.Lanes{}

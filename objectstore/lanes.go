@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // MaxPieces is the most pieces an object is split into.
@@ -51,6 +53,23 @@ func CheckPieces(n, k int, nuid string) error {
 // so its reader can follow it while it is written. Lanes must hold at
 // least one store.
 type Lanes []*Store
+
+// NewLanes opens bucket on each JetStream context, one a lane (see New);
+// js must hold at least one.
+func NewLanes(js []jetstream.JetStream, bucket string, opts ...Option) (Lanes, error) {
+	if len(js) == 0 {
+		return nil, fmt.Errorf("%w: no lanes for bucket %s", ErrInvalidOption, bucket)
+	}
+	lanes := make(Lanes, len(js))
+	for i, j := range js {
+		s, err := New(j, bucket, opts...)
+		if err != nil {
+			return nil, err
+		}
+		lanes[i] = s
+	}
+	return lanes, nil
+}
 
 // Pieces returns how many pieces an object of n bytes is best moved in:
 // at most one a lane and limit, none smaller than MinPiece. 1 (also for a

@@ -52,6 +52,9 @@ func TestPieces(t *testing.T) {
 	if got := lanes(newEnv(t), 4).Pieces(1<<30, 64); got != 1 {
 		t.Errorf("a bucket on file is cut in %d pieces, want 1 (whole)", got)
 	}
+	if _, err := objectstore.NewLanes(nil, bucket); !errors.Is(err, objectstore.ErrInvalidOption) {
+		t.Errorf("lanes of no connection: %v", err)
+	}
 }
 
 // TestLanes writes an object as pieces, each on a connection of its own,

@@ -383,13 +383,5 @@ func (w *Worker) closeSecond() {
 
 // openLanes opens bucket on every transfer lane.
 func (w *Worker) openLanes(bucket string) (objectstore.Lanes, error) {
-	lanes := make(objectstore.Lanes, len(w.laneJS))
-	for i, js := range w.laneJS {
-		s, err := objectstore.New(js, bucket, objectstore.WithTimeout(w.cfg.ObjectTimeout))
-		if err != nil {
-			return nil, err
-		}
-		lanes[i] = s
-	}
-	return lanes, nil
+	return objectstore.NewLanes(w.laneJS, bucket, objectstore.WithTimeout(w.cfg.ObjectTimeout))
 }
