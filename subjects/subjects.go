@@ -189,6 +189,13 @@ func (n Names) ServiceInfo(device string) string { return n.ServiceDevice(device
 // fabric.svc.<device>.health.
 func (n Names) ServiceHealth(device string) string { return n.ServiceDevice(device) + ".health" }
 
+// WorkerLive is the subject a worker answers for as long as its connection
+// to the fabric is up: fabric.live.<token>, token a random one of the
+// worker process's, named in the leases it holds. A standby asks it to
+// learn at once that a lease's holder is gone: with nothing subscribed,
+// the server answers "no responders" instead of the holder.
+func (n Names) WorkerLive(token string) string { return n.prefix + ".live." + token }
+
 // Answerable reports whether a service of the fabric may answer a request
 // onto reply: a subject that none of the fabric's streams and buckets
 // captures. A requester names its reply subject freely, and the server

@@ -19,6 +19,7 @@ func TestNames(t *testing.T) {
 		{n.Telemetry("gpu-0"), "fabric.telemetry.gpu-0"},
 		{n.Alive("cpu-0", "s1"), "fabric.alive.cpu-0.s1"},
 		{n.AliveDevice("cpu-0"), "fabric.alive.cpu-0.*"},
+		{n.WorkerLive("abc"), "fabric.live.abc"},
 		{n.InboxPrefix(), "_INBOX_fabric"},
 		{n.ServiceInfo("cpu-0"), "fabric.svc.cpu-0.info"},
 		{n.ServiceHealth("gpu-2"), "fabric.svc.gpu-2.health"},

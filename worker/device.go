@@ -186,7 +186,7 @@ func (d *device) serve(ready chan<- error) {
 			// past three, another worker has it.
 			actx, acancel = context.WithTimeout(w.ctx, 3*w.cfg.LeaseTTL)
 		}
-		l, err := acquireLease(actx, w.js, w.ctrl, w.names, d.cfg.Name, w.cfg.ID, w.cfg.LeaseTTL, func(holder string) {
+		l, err := acquireLease(actx, w.js, w.ctrl, w.names, d.cfg.Name, leaseValue{Worker: w.cfg.ID, Live: w.live}, w.cfg.LeaseTTL, func(holder string) {
 			if !d.adopting {
 				w.logf("worker: %s: standby, the lease is held by %s", d.cfg.Name, holder)
 			}

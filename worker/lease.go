@@ -23,12 +23,16 @@ var ErrLeaseLost = errors.New("worker: device lease lost")
 type leaseValue struct {
 	Worker   string    `json:"worker"`
 	Acquired time.Time `json:"acquired"`
+	// Live is the token of the holder's liveness subject
+	// (subjects.WorkerLive), "" from a worker that answers none.
+	Live string `json:"live,omitempty"`
 }
 
 // lease is one device's ownership in FABRIC_CTRL. The holder renews it by
-// compare-and-set on its revision; a standby that sees the revision
-// unchanged for the lease TTL takes it by compare-and-set too, so at most
-// one worker holds a given revision. Every durable write of the holder
+// compare-and-set on its revision; a standby takes it by compare-and-set
+// too, once it sees the revision unchanged for the lease TTL or the
+// holder's connection gone (see holderGone), so at most one worker holds
+// a given revision. Every durable write of the holder
 // (checkpoints, registry entries) names the revision it holds, and the
 // server refuses it once the lease has moved on: a paused worker that wakes
 // up cannot overwrite its successor's state.
@@ -37,7 +41,7 @@ type lease struct {
 	kv     jetstream.KeyValue
 	names  subjects.Names
 	device string
-	worker string
+	me     leaseValue // the holder's Worker and Live
 	ttl    time.Duration
 
 	mu  sync.Mutex // serialises renewals and fenced writes
@@ -48,16 +52,31 @@ type lease struct {
 // takeover decision does not wait for it (see acquire).
 const leaseStoreTTL = time.Minute
 
-// acquireLease returns once this worker holds the device's lease, waiting
-// as a standby while a live holder renews it, or until ctx ends.
-// onStandby is called once if the lease was held by someone else.
+// goneAfter is how many polls in a row must find a lease's holder gone
+// (holderGone) before a standby takes the lease without waiting out its
+// TTL: one could come while a cluster's routes are still telling each
+// other of the holder's subscription.
+const goneAfter = 2
+
+// leasePoll is how often a standby looks at the lease it waits for: an
+// eighth of the TTL, at most maxLeasePoll, so that a holder's death is
+// seen as soon with a long TTL as with the default.
+func leasePoll(ttl time.Duration) time.Duration { return min(ttl/8, maxLeasePoll) }
+
+const maxLeasePoll = 250 * time.Millisecond
+
+// acquireLease returns once the worker me names (its Worker and Live)
+// holds the device's lease, waiting as a standby while a live holder
+// renews it, or until ctx ends. onStandby is called once if the lease was
+// held by someone else.
 func acquireLease(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, names subjects.Names,
-	device, worker string, ttl time.Duration, onStandby func(holder string)) (*lease, error) {
-	l := &lease{js: js, kv: kv, names: names, device: device, worker: worker, ttl: ttl}
+	device string, me leaseValue, ttl time.Duration, onStandby func(holder string)) (*lease, error) {
+	l := &lease{js: js, kv: kv, names: names, device: device, me: me, ttl: ttl}
 	key := subjects.LeaseKey(device)
-	val, _ := json.Marshal(leaseValue{Worker: worker, Acquired: time.Now().UTC()})
+	val := l.value()
 	var seenRev uint64
 	var seenAt time.Time
+	gone := 0 // polls in a row that found the holder of seenRev gone
 	told := false
 	for {
 		e, err := kv.Get(ctx, key)
@@ -78,7 +97,7 @@ func acquireLease(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyV
 		default:
 			var held leaseValue
 			_ = json.Unmarshal(e.Value(), &held)
-			if held.Worker == worker {
+			if held.Worker == me.Worker {
 				// Our own lease from before a restart: take it back at once.
 				if rev, err := l.put(ctx, val, e.Revision()); err == nil {
 					l.rev = rev
@@ -86,13 +105,21 @@ func acquireLease(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyV
 				}
 			}
 			if e.Revision() != seenRev {
-				seenRev, seenAt = e.Revision(), time.Now()
+				seenRev, seenAt, gone = e.Revision(), time.Now(), 0
 				if !told && onStandby != nil {
 					onStandby(held.Worker)
 					told = true
 				}
-			} else if time.Since(seenAt) >= ttl {
-				// Not renewed for a whole TTL: the holder is gone or paused.
+			}
+			if holderGone(js.Conn(), names, held, leasePoll(ttl)/2) {
+				gone++
+			} else {
+				gone = 0
+			}
+			// Not renewed for a whole TTL (the holder is gone or paused),
+			// or the holder's connection is gone: take it.
+			if time.Since(seenAt) >= ttl || gone >= goneAfter {
+				val = l.value()
 				if rev, err := l.put(ctx, val, seenRev); err == nil {
 					l.rev = rev
 					return l, nil
@@ -102,9 +129,31 @@ func acquireLease(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyV
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("worker: lease %s: %w", device, ctx.Err())
-		case <-time.After(ttl / 8):
+		case <-time.After(leasePoll(ttl)):
 		}
 	}
+}
+
+// holderGone reports whether the worker that wrote held has no
+// connection to the fabric now: nothing subscribes to its liveness
+// subject, and the server says so at once ("no responders"). A holder
+// connected but slow to answer within wait, or paused, is not gone, nor
+// is one that names no liveness subject (a worker before it): for them
+// the lease's TTL decides.
+func holderGone(nc *nats.Conn, names subjects.Names, held leaseValue, wait time.Duration) bool {
+	if held.Live == "" || subjects.ValidateToken(held.Live) != nil {
+		return false
+	}
+	_, err := nc.Request(names.WorkerLive(held.Live), nil, wait)
+	return errors.Is(err, nats.ErrNoResponders)
+}
+
+// value is the lease's value as of now.
+func (l *lease) value() []byte {
+	v := l.me
+	v.Acquired = time.Now().UTC()
+	b, _ := json.Marshal(v)
+	return b
 }
 
 // put writes the lease value if the key's last revision is rev.
@@ -124,7 +173,7 @@ func (l *lease) renew(ctx context.Context) error {
 	if l.rev == 0 {
 		return ErrLeaseLost
 	}
-	val, _ := json.Marshal(leaseValue{Worker: l.worker, Acquired: time.Now().UTC()})
+	val := l.value()
 	rev, err := l.put(ctx, val, l.rev)
 	if err != nil && isWrongSequence(err) && l.reclaim(ctx) {
 		rev, err = l.put(ctx, val, l.rev)
@@ -178,7 +227,7 @@ func (l *lease) reclaim(ctx context.Context) bool {
 		return false
 	}
 	var held leaseValue
-	if json.Unmarshal(r.Message.Data, &held) != nil || held.Worker != l.worker {
+	if json.Unmarshal(r.Message.Data, &held) != nil || held.Worker != l.me.Worker {
 		return false
 	}
 	l.rev = r.Message.Seq

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -46,6 +47,10 @@ type Worker struct {
 	// adoptErrs are the clean-stop errors of adopted devices.
 	adoptErrs []error
 	svc       micro.Service // see micro.go
+	// live is the token of the worker's liveness subject, named in its
+	// leases; liveSub answers it (see answerLive).
+	live    string
+	liveSub *nats.Subscription
 	// tn: the tenants' records and use (Config.Tenants only).
 	tn tenants
 
@@ -118,6 +123,10 @@ func (w *Worker) Start(ctx context.Context) error {
 			w.closeSecond()
 			return err
 		}
+	}
+	if err := w.answerLive(); err != nil {
+		w.closeSecond()
+		return err
 	}
 	tuneGC(w)
 	ready := make(chan error, len(w.devices))
@@ -210,6 +219,9 @@ func (w *Worker) Stop(ctx context.Context) error {
 	case <-ctx.Done():
 		return fmt.Errorf("worker: stop: %w", ctx.Err())
 	}
+	if w.liveSub != nil {
+		_ = w.liveSub.Unsubscribe()
+	}
 	w.closeSecond()
 	var errs []error
 	for _, d := range w.devices {
@@ -220,6 +232,37 @@ func (w *Worker) Stop(ctx context.Context) error {
 	w.adoptMu.Unlock()
 	return errors.Join(errs...)
 }
+
+// answerLive subscribes the worker's liveness subject, with a token of
+// its own, before any lease names it: while the worker's connection is up
+// a request there is answered, and once the connection is gone the server
+// answers "no responders", which tells a standby to take the worker's
+// leases without waiting out their TTL (see holderGone). The worker asks
+// the subject itself first: where its permissions refuse the subject, its
+// leases name none (a standby waits out the TTL, as with a worker before
+// it), rather than one that would read as gone.
+func (w *Worker) answerLive() error {
+	live := rand.Text()
+	subj := w.names.WorkerLive(live)
+	sub, err := w.nc.Subscribe(subj, func(m *nats.Msg) {
+		if w.names.Answerable(m.Reply) {
+			_ = m.Respond(nil)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("worker: subscribe to its liveness subject: %w", err)
+	}
+	if _, err := w.nc.Request(subj, nil, liveCheckTimeout); err != nil {
+		_ = sub.Unsubscribe()
+		w.logf("worker: its liveness subject %s does not answer (%v): a standby takes its devices after the lease TTL only", subj, err)
+		return nil
+	}
+	w.live, w.liveSub = live, sub
+	return nil
+}
+
+// liveCheckTimeout bounds answerLive's request to itself.
+const liveCheckTimeout = 5 * time.Second
 
 // ID is the worker's id in the registry and in its service metadata.
 func (w *Worker) ID() string { return w.cfg.ID }
