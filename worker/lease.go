@@ -52,11 +52,12 @@ type lease struct {
 // takeover decision does not wait for it (see acquire).
 const leaseStoreTTL = time.Minute
 
-// goneAfter is how many polls in a row must find a lease's holder gone
-// (holderGone) before a standby takes the lease without waiting out its
-// TTL: one could come while a cluster's routes are still telling each
-// other of the holder's subscription.
-const goneAfter = 2
+// goneFor is how long a standby must find a lease's holder gone
+// (holderGone), in every look, before it takes the lease without waiting
+// out its TTL: longer than a connection that drops and is made again at
+// once takes (a worker's first reconnect comes after 100 to 125 ms), or
+// than a cluster's routes take to tell each other of a subscription.
+func goneFor(ttl time.Duration) time.Duration { return min(ttl/2, 250*time.Millisecond) }
 
 // leasePoll is how often a standby looks at the lease it waits for: an
 // eighth of the TTL, at most maxLeasePoll, so that a holder's death is
@@ -76,7 +77,7 @@ func acquireLease(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyV
 	val := l.value()
 	var seenRev uint64
 	var seenAt time.Time
-	gone := 0 // polls in a row that found the holder of seenRev gone
+	var goneSince time.Time // since when every look found the holder of seenRev gone
 	told := false
 	for {
 		e, err := kv.Get(ctx, key)
@@ -105,20 +106,21 @@ func acquireLease(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyV
 				}
 			}
 			if e.Revision() != seenRev {
-				seenRev, seenAt, gone = e.Revision(), time.Now(), 0
+				seenRev, seenAt, goneSince = e.Revision(), time.Now(), time.Time{}
 				if !told && onStandby != nil {
 					onStandby(held.Worker)
 					told = true
 				}
 			}
-			if holderGone(js.Conn(), names, held, leasePoll(ttl)/2) {
-				gone++
-			} else {
-				gone = 0
+			switch {
+			case !holderGone(js.Conn(), names, held, leasePoll(ttl)/2):
+				goneSince = time.Time{}
+			case goneSince.IsZero():
+				goneSince = time.Now()
 			}
 			// Not renewed for a whole TTL (the holder is gone or paused),
-			// or the holder's connection is gone: take it.
-			if time.Since(seenAt) >= ttl || gone >= goneAfter {
+			// or the holder's connection gone for goneFor: take it.
+			if time.Since(seenAt) >= ttl || !goneSince.IsZero() && time.Since(goneSince) >= goneFor(ttl) {
 				val = l.value()
 				if rev, err := l.put(ctx, val, seenRev); err == nil {
 					l.rev = rev
