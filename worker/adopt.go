@@ -18,7 +18,8 @@ import (
 
 // Adopt makes a worker take over devices of a kind that lost their worker:
 // a device whose lease has not been renewed for two lease TTLs (its worker
-// died or hangs), or one whose worker stopped cleanly while it still had
+// died or hangs) or whose worker's connection has been gone for one (see
+// holderGone), or one whose worker stopped cleanly while it still had
 // sessions. The adopter restores the device's checkpoint and replays its
 // frames, as a standby would, so the device's sessions carry on. Workers
 // that claim slots (replicas of one service) adopt each other's devices
@@ -68,6 +69,8 @@ func (w *Worker) adoptLoop() {
 	type seen struct {
 		rev uint64
 		at  time.Time
+		// goneSince: since when every look found the holder gone.
+		goneSince time.Time
 	}
 	last := map[string]seen{}
 	t := time.NewTicker(w.cfg.LeaseTTL / 2)
@@ -96,10 +99,21 @@ func (w *Worker) adoptLoop() {
 			case lerr == nil:
 				s, ok := last[name]
 				if !ok || s.rev != e.Revision() {
-					last[name] = seen{e.Revision(), time.Now()}
-				} else if time.Since(s.at) >= 2*w.cfg.LeaseTTL {
-					orphan = true
+					last[name] = seen{rev: e.Revision(), at: time.Now()}
+					break
 				}
+				// Unchanged since the last look, half a TTL ago: a live
+				// holder has renewed it twice meanwhile. Is it gone?
+				var held leaseValue
+				_ = json.Unmarshal(e.Value(), &held)
+				switch {
+				case !holderGone(w.nc, w.names, held, w.cfg.LeaseTTL/8):
+					s.goneSince = time.Time{}
+				case s.goneSince.IsZero():
+					s.goneSince = time.Now()
+				}
+				last[name] = s
+				orphan = time.Since(s.at) >= 2*w.cfg.LeaseTTL || !s.goneSince.IsZero() && time.Since(s.goneSince) >= w.cfg.LeaseTTL
 			case errors.Is(lerr, jetstream.ErrKeyNotFound) || errors.Is(lerr, jetstream.ErrKeyDeleted):
 				// Nobody holds it: adopt it if it stopped with sessions.
 				if re, err := w.ctrl.Get(ctx, subjects.DeviceKey(name)); err == nil {
