@@ -90,6 +90,7 @@ func (s *Store) resolveLink(ctx context.Context, name string, oi *jetstream.Obje
 }
 
 func (s *Store) read(ctx context.Context, oi *jetstream.ObjectInfo, dst []byte) error {
+	prefault(dst)
 	if _, ok := partsOf(oi); ok {
 		return s.readParts(ctx, oi, dst)
 	}
