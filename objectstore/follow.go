@@ -151,7 +151,6 @@ func (s *Store) Follow(ctx context.Context, name, nuid string, dst []byte) (Info
 		}
 		return info(oi), s.read(ctx, oi, dst)
 	}
-	prefault(dst)
 	if in, ok, err := s.followLive(ctx, name, nuid, dst); ok {
 		return in, err
 	}
