@@ -31,11 +31,11 @@ type leaseValue struct {
 // lease is one device's ownership in FABRIC_CTRL. The holder renews it by
 // compare-and-set on its revision; a standby takes it by compare-and-set
 // too, once it sees the revision unchanged for the lease TTL or the
-// holder's connection gone (see holderGone), so at most one worker holds
-// a given revision. Every durable write of the holder
-// (checkpoints, registry entries) names the revision it holds, and the
-// server refuses it once the lease has moved on: a paused worker that wakes
-// up cannot overwrite its successor's state.
+// holder's connection gone (see holderGone), so at most one worker holds a
+// given revision. Every durable write of the holder (checkpoints, registry
+// entries) names the revision it holds, and the server refuses it once the
+// lease has moved on: a paused worker that wakes up cannot overwrite its
+// successor's state.
 type lease struct {
 	js     jetstream.JetStream
 	kv     jetstream.KeyValue
