@@ -177,9 +177,9 @@ func (f *workerFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.noChains, "no-gpu-chains", false, "launch each elementwise op on a GPU by itself, instead of a run of them as one kernel (the same bits either way)")
 	fs.BoolVar(&f.tf32, "tf32", false, "let float32 matmuls on GPUs use TF32 tensor cores (faster, about 1e-3 relative error)")
 	fs.StringVar(&f.jobs, "jobs", "", "also take jobs of this device kind from the jobs stream (cpu); with -cpus 0, only jobs")
-	fs.BoolVar(&f.adopt, "adopt", false, "also take over cpu devices whose worker died (lease unrenewed for two TTLs, or stopped with sessions), restoring and replaying them; for replicas of one service")
+	fs.BoolVar(&f.adopt, "adopt", false, "also take over cpu devices whose worker died (its connection gone for a lease TTL, its lease unrenewed for two, or stopped with sessions), restoring and replaying them; for replicas of one service")
 	fs.DurationVar(&f.jobAckWait, "job-ack-wait", 10*time.Second, "a job unacknowledged this long (its worker died) goes to another worker")
-	fs.DurationVar(&f.leaseTTL, "lease-ttl", time.Second, "device lease TTL: a standby takes a device over this long after its worker stops renewing")
+	fs.DurationVar(&f.leaseTTL, "lease-ttl", time.Second, "device lease TTL: a standby takes a device over this long after its worker stops renewing (250 ms after its worker's connection is gone, if less)")
 	f.fraction = worker.DefaultConfig().MemoryFraction
 	fs.Func("memory-budget", "tensor memory each device's sessions may hold together: a size (8GiB, 512MiB) or a percentage of the device's memory, the host's shared among CPU devices (default 80%); over it an op fails with resource_exhausted", func(v string) error {
 		var err error
