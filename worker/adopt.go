@@ -67,10 +67,9 @@ func (w *Worker) adoptLoop() {
 		max = 4
 	}
 	type seen struct {
-		rev uint64
-		at  time.Time
-		// goneSince: since when every look found the holder gone.
-		goneSince time.Time
+		rev  uint64
+		at   time.Time
+		gone absence // of the lease's holder
 	}
 	last := map[string]seen{}
 	t := time.NewTicker(w.cfg.LeaseTTL / 2)
@@ -106,14 +105,9 @@ func (w *Worker) adoptLoop() {
 				// holder has renewed it twice meanwhile. Is it gone?
 				var held leaseValue
 				_ = json.Unmarshal(e.Value(), &held)
-				switch {
-				case !holderGone(w.nc, w.names, held, w.cfg.LeaseTTL/8):
-					s.goneSince = time.Time{}
-				case s.goneSince.IsZero():
-					s.goneSince = time.Now()
-				}
+				away := s.gone.look(holderGone(w.nc, w.names, held, w.cfg.LeaseTTL/8))
 				last[name] = s
-				orphan = time.Since(s.at) >= 2*w.cfg.LeaseTTL || !s.goneSince.IsZero() && time.Since(s.goneSince) >= w.cfg.LeaseTTL
+				orphan = time.Since(s.at) >= 2*w.cfg.LeaseTTL || away >= w.cfg.LeaseTTL
 			case errors.Is(lerr, jetstream.ErrKeyNotFound) || errors.Is(lerr, jetstream.ErrKeyDeleted):
 				// Nobody holds it: adopt it if it stopped with sessions.
 				if re, err := w.ctrl.Get(ctx, subjects.DeviceKey(name)); err == nil {

@@ -77,7 +77,7 @@ func acquireLease(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyV
 	val := l.value()
 	var seenRev uint64
 	var seenAt time.Time
-	var goneSince time.Time // since when every look found the holder of seenRev gone
+	var gone absence // of the holder of seenRev
 	told := false
 	for {
 		e, err := kv.Get(ctx, key)
@@ -106,21 +106,16 @@ func acquireLease(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyV
 				}
 			}
 			if e.Revision() != seenRev {
-				seenRev, seenAt, goneSince = e.Revision(), time.Now(), time.Time{}
+				seenRev, seenAt, gone = e.Revision(), time.Now(), absence{}
 				if !told && onStandby != nil {
 					onStandby(held.Worker)
 					told = true
 				}
 			}
-			switch {
-			case !holderGone(js.Conn(), names, held, leasePoll(ttl)/2):
-				goneSince = time.Time{}
-			case goneSince.IsZero():
-				goneSince = time.Now()
-			}
+			away := gone.look(holderGone(js.Conn(), names, held, leasePoll(ttl)/2))
 			// Not renewed for a whole TTL (the holder is gone or paused),
 			// or the holder's connection gone for goneFor: take it.
-			if time.Since(seenAt) >= ttl || !goneSince.IsZero() && time.Since(goneSince) >= goneFor(ttl) {
+			if time.Since(seenAt) >= ttl || away >= goneFor(ttl) {
 				val = l.value()
 				if rev, err := l.put(ctx, val, seenRev); err == nil {
 					l.rev = rev
@@ -148,6 +143,23 @@ func holderGone(nc *nats.Conn, names subjects.Names, held leaseValue, wait time.
 	}
 	_, err := nc.Request(names.WorkerLive(held.Live), nil, wait)
 	return errors.Is(err, nats.ErrNoResponders)
+}
+
+// absence is how long every look at a lease has found its holder gone.
+type absence struct{ since time.Time }
+
+// look records one look (gone: holderGone's answer) and returns how long
+// the holder has been gone in every look since the first of them, 0 if it
+// is not gone now.
+func (a *absence) look(gone bool) time.Duration {
+	switch {
+	case !gone:
+		a.since = time.Time{}
+		return 0
+	case a.since.IsZero():
+		a.since = time.Now()
+	}
+	return time.Since(a.since)
 }
 
 // value is the lease's value as of now.

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetfabric/jetfabric/broker"
 	"github.com/jetfabric/jetfabric/broker/brokertest"
 	"github.com/jetfabric/jetfabric/kernels/cpu"
 	"github.com/jetfabric/jetfabric/subjects"
@@ -29,18 +30,9 @@ import (
 // worker took, or that was deleted, is lost all the same.
 func TestLeaseRenewalStoredUnanswered(t *testing.T) {
 	b := brokertest.Run(t)
-	nc, err := nats.Connect(b.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	_, js, kv := dialCtrl(t, b)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	js, _ := jetstream.New(nc)
-	kv, err := js.KeyValue(ctx, "FABRIC_CTRL")
-	if err != nil {
-		t.Fatal(err)
-	}
 	names := subjects.Default()
 	key := subjects.LeaseKey("cpu-9")
 	l, err := acquireLease(ctx, js, kv, names, "cpu-9", leaseValue{Worker: "w1"}, time.Second, nil)
@@ -132,27 +124,13 @@ func TestLeaseRenewalStoredUnanswered(t *testing.T) {
 // answer in time (paused) or names no liveness subject.
 func TestLeaseHolderGone(t *testing.T) {
 	b := brokertest.Run(t)
-	dial := func() (*nats.Conn, jetstream.JetStream, jetstream.KeyValue) {
-		t.Helper()
-		nc, err := nats.Connect(b.ClientURL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		js, _ := jetstream.New(nc)
-		kv, err := js.KeyValue(context.Background(), "FABRIC_CTRL")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return nc, js, kv
-	}
 	names := subjects.Default()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
 	// holderGone on its own, against a live subscriber, a mute one and none.
-	probe, _, _ := dial()
-	other, _, _ := dial()
+	probe, _, _ := dialCtrl(t, b)
+	other, _, _ := dialCtrl(t, b)
 	if _, err := other.Subscribe(names.WorkerLive("up"), func(m *nats.Msg) { _ = m.Respond(nil) }); err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +153,7 @@ func TestLeaseHolderGone(t *testing.T) {
 	}
 
 	// A holder that answers: the standby stands by while it probes.
-	hnc, hjs, hkv := dial()
+	hnc, hjs, hkv := dialCtrl(t, b)
 	var answered atomic.Int32
 	if _, err := hnc.Subscribe(names.WorkerLive("holder"), func(m *nats.Msg) {
 		answered.Add(1)
@@ -190,7 +168,7 @@ func TestLeaseHolderGone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, sjs, skv := dial()
+	_, sjs, skv := dialCtrl(t, b)
 	got := make(chan error, 1)
 	go func() {
 		l, err := acquireLease(ctx, sjs, skv, names, "cpu-8", leaseValue{Worker: "s", Live: "standby"}, time.Minute, nil)
@@ -283,4 +261,21 @@ func TestAnswerLiveRefused(t *testing.T) {
 			t.Fatalf("%s: a standby would find this live worker gone", c.user)
 		}
 	}
+}
+
+// dialCtrl connects to b, closed when the test ends, with its JetStream
+// and control bucket.
+func dialCtrl(t *testing.T, b *broker.Broker) (*nats.Conn, jetstream.JetStream, jetstream.KeyValue) {
+	t.Helper()
+	nc, err := nats.Connect(b.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	kv, err := js.KeyValue(context.Background(), "FABRIC_CTRL")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, js, kv
 }
