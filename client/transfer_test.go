@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -99,6 +100,18 @@ func TestTransferInline(t *testing.T) {
 		if tt.inline != (errors.Is(objErr, jetstream.ErrObjectNotFound) && hasData) {
 			t.Errorf("%d elements: inline %v, but object lookup %v and data in the announcement %v", tt.n, tt.inline, objErr, hasData)
 		}
+		// The read is counted apart from the announcement.
+		if strings.Contains(string(e.Value()), "readers") {
+			t.Errorf("%d elements: the announcement lists readers: %.200s", tt.n, e.Value())
+		}
+		reads, err := kv.Get(ctx, "xread.xfer-"+tt.id)
+		if err != nil {
+			t.Fatalf("%d elements: read list: %v", tt.n, err)
+		}
+		var rl struct{ Readers []string }
+		if err := json.Unmarshal(reads.Value(), &rl); err != nil || len(rl.Readers) != 1 || !strings.HasPrefix(rl.Readers[0], "cpu-1/") {
+			t.Errorf("%d elements: read list %s (%v), want the one import on cpu-1", tt.n, reads.Value(), err)
+		}
 	}
 }
 
@@ -176,14 +189,25 @@ func TestTransferFaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i, c := range []struct{ value, want string }{
-		{`{"max":1,"writer":"x","nuid":"a.b","dtype":"f32","shape":"4"}`, "chunk subject token"},
-		{`{"max":1,"writer":"x","nuid":"ABC","dtype":"f32","shape":"1000000,1000000"}`, "limit"},
-		{`{"max":1,"writer":"x","nuid":"ABC","dtype":"f99","shape":"4"}`, "not a tensor"},
-		{`{"max":1,"writer":"x","nuid":"ABC","dtype":"f32","shape":"-4"}`, "shape"},
-		{`{"max":1,"writer":"x","dtype":"f32","shape":"4","data":"AAAAAA=="}`, "its announcement holds 4 bytes, f32 [4] needs 16"},
+	// A well-formed inline announcement whose read list is missing, not
+	// JSON, or full.
+	inline := `{"max":1,"writer":"x","dtype":"f32","shape":"4","data":"AACAPwAAAEAAAEBAAACAQA=="}`
+	for i, c := range []struct{ value, reads, want string }{
+		{`{"max":1,"writer":"x","nuid":"a.b","dtype":"f32","shape":"4"}`, "", "chunk subject token"},
+		{`{"max":1,"writer":"x","nuid":"ABC","dtype":"f32","shape":"1000000,1000000"}`, "", "limit"},
+		{`{"max":1,"writer":"x","nuid":"ABC","dtype":"f99","shape":"4"}`, "", "not a tensor"},
+		{`{"max":1,"writer":"x","nuid":"ABC","dtype":"f32","shape":"-4"}`, "", "shape"},
+		{`{"max":1,"writer":"x","dtype":"f32","shape":"4","data":"AAAAAA=="}`, `{"readers":[]}`, "its announcement holds 4 bytes, f32 [4] needs 16"},
+		{inline, "", "its writer made none"},
+		{inline, `{"readers":`, "read list"},
+		{inline, `{"readers":["someone/1/0"]}`, "already read 1 times"},
 	} {
 		id := fmt.Sprintf("4%031x", i)
+		if c.reads != "" {
+			if _, err := kv.Put(ctx, "xread.xfer-"+id, []byte(c.reads)); err != nil {
+				t.Fatal(err)
+			}
+		}
 		if _, err := kv.Put(ctx, "xfer.xfer-"+id, []byte(c.value)); err != nil {
 			t.Fatal(err)
 		}
@@ -438,6 +462,9 @@ func TestTransferWriterStops(t *testing.T) {
 	id := "5123456789abcdef0123456789abcdef"
 	key, name := "xfer.xfer-"+id, "xfer-"+id
 	dead := objectstore.NewNUID()
+	if _, err := kv.Put(ctx, "xread."+name, []byte(`{"readers":[]}`)); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := kv.Put(ctx, key, []byte(`{"max":1,"writer":"ghost/7/0","nuid":"`+dead+`","dtype":"f32","shape":"4"}`)); err != nil {
 		t.Fatal(err)
 	}

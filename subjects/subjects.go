@@ -324,8 +324,12 @@ func JobOutputObject(id string, i int) string { return "job-" + id + "-" + strco
 // TransferObject names the object holding transfer id in FABRIC_XFER.
 func TransferObject(id string) string { return "xfer-" + id }
 
-// TransferKey is the FABRIC_CTRL key counting the reads of transfer id.
+// TransferKey is the FABRIC_CTRL key announcing transfer object id.
 func TransferKey(id string) string { return "xfer." + id }
+
+// TransferReadsKey is the FABRIC_CTRL key listing the reads of transfer
+// object id.
+func TransferReadsKey(id string) string { return "xread." + id }
 
 // CollectiveObject names a piece of a collective in FABRIC_XFER: the part
 // rank from sends to rank to in phase phase of group (to -1: for every rank).

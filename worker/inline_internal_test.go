@@ -70,3 +70,18 @@ func TestInline(t *testing.T) {
 		}
 	}
 }
+
+// TestAnnouncementEncode: an announcement encodes as the JSON encoder
+// writes it, with and without inline data.
+func TestAnnouncementEncode(t *testing.T) {
+	for _, rc := range []readCount{
+		{Max: 3, Writer: "cpu-2/977/14", DType: "f32", Shape: "4", Data: encodeInline([]byte{0, 0, 128, 63, 0, 0, 0, 64, 0, 0, 64, 64, 0, 0, 128, 64})},
+		{Max: 1, Writer: "cpu-0/1842/3", NUID: "ABC", DType: "f32", Shape: "1024,1024"},
+		{Max: 1, Writer: "w\"<>&\u2028", Data: json.RawMessage(`"AA=="`)},
+	} {
+		want, _ := json.Marshal(rc)
+		if got := rc.encode(); !bytes.Equal(got, want) {
+			t.Errorf("encoded %s, the JSON encoder %s", got, want)
+		}
+	}
+}

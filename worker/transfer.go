@@ -26,7 +26,8 @@ import (
 // writes the tensor as an object, the target waits for it and reads it.
 // Workers never talk to each other.
 //
-// Each object's reads are counted in FABRIC_CTRL (key xfer.<object>) by
+// The writer announces each object in FABRIC_CTRL (key xfer.<object>),
+// and its reads are counted in a key of their own (xread.<object>) by
 // reader identity (device, frame sequence, op index), so a bounded number
 // of ops may read it, and an op replayed after a takeover may read it
 // again. A reader deletes an object it read last only after its device's
@@ -44,10 +45,11 @@ const (
 	maxGroupSize   = 1024
 )
 
-// readCount is the value of xfer.<object>. The writer creates it before
-// it writes the object, naming the chunk subject it will write (NUID) and
-// the tensor's dtype and shape, so a reader can allocate the destination
-// and copy the chunks as the broker stores them (objectstore.Follow).
+// readCount is the value of xfer.<object>, the announcement. The writer
+// creates it before it writes the object, naming the chunk subject it will
+// write (NUID) and the tensor's dtype and shape, so a reader can allocate
+// the destination and copy the chunks as the broker stores them
+// (objectstore.Follow), and the number of reads it allows (Max).
 //
 // A tensor of at most inlineMax bytes travels in the value itself (Data),
 // with no object: one key-value write and its reads, none of which waits
@@ -55,16 +57,40 @@ const (
 // all_reduce that ends a data-parallel step's backward, while the large one
 // of the same step is still moving).
 type readCount struct {
-	Max     int      `json:"max"`
-	Writer  string   `json:"writer"`
-	Readers []string `json:"readers,omitempty"`
-	NUID    string   `json:"nuid,omitempty"`
-	DType   string   `json:"dtype,omitempty"`
-	Shape   string   `json:"shape,omitempty"`
+	Max    int    `json:"max"`
+	Writer string `json:"writer"`
+	NUID   string `json:"nuid,omitempty"`
+	DType  string `json:"dtype,omitempty"`
+	Shape  string `json:"shape,omitempty"`
 	// Data is the bytes of an inline transfer, a base64 JSON string: kept
-	// encoded, so that a read count's update passes it through as it is,
-	// and decoded only into the reader's tensor (decodeInline).
+	// encoded, and decoded only into the reader's tensor (decodeInline).
 	Data json.RawMessage `json:"data,omitempty"`
+}
+
+// readList is the value of xread.<object>: who has read it. The writer
+// creates it empty before the announcement, so a reader that saw the
+// announcement finds it, and each reader adds itself by compare-and-set.
+// It is a key of its own so that counting a read rewrites a few bytes,
+// not an inline transfer's data, which every reader of the announcement
+// would otherwise fetch, decode and write back, again at every lost race.
+type readList struct {
+	Readers []string `json:"readers"`
+}
+
+// encode is rc as JSON. Data, already JSON, is appended as it is: the
+// encoder would scan all of it again.
+func (rc readCount) encode() []byte {
+	data := rc.Data
+	rc.Data = nil
+	b, _ := json.Marshal(rc)
+	if len(data) == 0 {
+		return b
+	}
+	out := make([]byte, 0, len(b)+len(data)+len(`,"data":`))
+	out = append(out, b[:len(b)-1]...)
+	out = append(out, `,"data":`...)
+	out = append(out, data...)
+	return append(out, '}')
 }
 
 // inline reports whether the announcement holds the bytes (a JSON null
@@ -193,8 +219,11 @@ func (mv *mover) publish(ctx context.Context, name string, m kernels.Meta, data 
 	} else {
 		rc.NUID = objectstore.NewNUID()
 	}
-	b, _ := json.Marshal(rc)
-	if _, err := w.ctrl.Create(ctx, key, b); err != nil {
+	// The read list first: once the announcement is seen, it is there.
+	if _, err := w.ctrl.Create(ctx, subjects.TransferReadsKey(name), []byte(`{"readers":[]}`)); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+		return failf(codec.CodeUnavailabe, "transfer %s: read list: %v", name, err)
+	}
+	if _, err := w.ctrl.Create(ctx, key, rc.encode()); err != nil {
 		if !errors.Is(err, jetstream.ErrKeyExists) {
 			return failf(codec.CodeUnavailabe, "transfer %s: %v", name, err)
 		}
@@ -210,8 +239,7 @@ func (mv *mover) publish(ctx context.Context, name string, m kernels.Meta, data 
 			return nil
 		}
 		prev.NUID, prev.DType, prev.Shape = rc.NUID, rc.DType, rc.Shape
-		b, _ = json.Marshal(prev)
-		if _, err := w.ctrl.Update(ctx, key, b, e.Revision()); err != nil {
+		if _, err := w.ctrl.Update(ctx, key, prev.encode(), e.Revision()); err != nil {
 			return failf(codec.CodeUnavailabe, "transfer %s: announce: %v", name, err)
 		}
 	}
@@ -266,7 +294,7 @@ func (mv *mover) fetchInto(ctx context.Context, name string, who string, want ke
 	// reads and tells the last reader to delete the object, and need not
 	// hold the read up. A read past the bound fails all the same.
 	counted := make(chan error, 1)
-	go func() { counted <- mv.countRead(ctx, name, who) }()
+	go func() { counted <- mv.countRead(ctx, name, who, rc.Max) }()
 	m, err = mv.readInto(ctx, name, rc, m, dst)
 	if cerr := <-counted; cerr != nil {
 		return m, cerr
@@ -411,11 +439,6 @@ const (
 	maxKeyRecheck = time.Second
 )
 
-// storeLag bounds how long a key seen on its subject may take to be
-// readable from the stream: a core subscriber can get a put before the
-// stream has stored it.
-const storeLag = 2 * time.Second
-
 // kvOperation is the header that marks a key-value delete or purge.
 const kvOperation = "KV-Operation"
 
@@ -448,50 +471,40 @@ func (mv *mover) announced(ctx context.Context, name string, rc readCount) (kern
 	return m, nil
 }
 
-// countRead records a read of name by who, refusing reads past the bound.
-func (mv *mover) countRead(ctx context.Context, name, who string) error {
+// countRead records a read of name by who in its read list, refusing
+// reads past limit, the announcement's bound.
+func (mv *mover) countRead(ctx context.Context, name, who string, limit int) error {
 	kv := mv.w.ctrl
-	lag := time.Now().Add(storeLag)
-	for wait := 100 * time.Microsecond; ; {
-		e, err := kv.Get(ctx, subjects.TransferKey(name))
-		if errors.Is(err, jetstream.ErrKeyNotFound) && time.Now().Before(lag) {
-			// The announcement reached our subscription before the stream
-			// stored it: look again shortly.
-			select {
-			case <-ctx.Done():
-				return failf(codec.CodeUnavailabe, "%s: read count: %v", name, ctx.Err())
-			case <-time.After(wait):
-			}
-			wait = min(2*wait, 10*time.Millisecond)
-			continue
-		}
+	key := subjects.TransferReadsKey(name)
+	for {
+		e, err := kv.Get(ctx, key)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			return failf(codec.CodeUnavailabe, "%s is gone: its read count was deleted (read to its limit, or expired)", name)
+			return failf(codec.CodeUnavailabe, "%s is gone: its read list was deleted (read to its limit, or expired), or its writer made none", name)
 		}
 		if err != nil {
-			return failf(codec.CodeUnavailabe, "%s: read count: %v", name, err)
+			return failf(codec.CodeUnavailabe, "%s: read list: %v", name, err)
 		}
-		var rc readCount
-		if err := json.Unmarshal(e.Value(), &rc); err != nil {
-			return failf(codec.CodeUnavailabe, "%s: read count: %v", name, err)
+		var rl readList
+		if err := json.Unmarshal(e.Value(), &rl); err != nil {
+			return failf(codec.CodeUnavailabe, "%s: read list: %v", name, err)
 		}
-		if slices.Contains(rc.Readers, who) {
+		if slices.Contains(rl.Readers, who) {
 			return nil // this op read it before a takeover
 		}
-		if len(rc.Readers) >= rc.Max {
-			return failf(codec.CodeLimit, "%s was already read %d times, its limit", name, rc.Max)
+		if len(rl.Readers) >= limit {
+			return failf(codec.CodeLimit, "%s was already read %d times, its limit", name, limit)
 		}
-		rc.Readers = append(rc.Readers, who)
-		b, _ := json.Marshal(rc)
-		if _, err := kv.Update(ctx, subjects.TransferKey(name), b, e.Revision()); err == nil {
-			if len(rc.Readers) == rc.Max {
+		rl.Readers = append(rl.Readers, who)
+		b, _ := json.Marshal(rl)
+		if _, err := kv.Update(ctx, key, b, e.Revision()); err == nil {
+			if len(rl.Readers) == limit {
 				mv.mu.Lock()
 				mv.consumed = append(mv.consumed, name)
 				mv.mu.Unlock()
 			}
 			return nil
 		} else if !errors.Is(err, jetstream.ErrKeyExists) {
-			return failf(codec.CodeUnavailabe, "%s: read count: %v", name, err)
+			return failf(codec.CodeUnavailabe, "%s: read list: %v", name, err)
 		}
 	}
 }
@@ -504,6 +517,7 @@ func (d *device) dropObjects(ctx context.Context, consumed []string) {
 			d.w.logf("worker: %s: delete %s: %v", d.cfg.Name, name, err)
 		}
 		_ = d.w.ctrl.Delete(ctx, subjects.TransferKey(name))
+		_ = d.w.ctrl.Delete(ctx, subjects.TransferReadsKey(name))
 	}
 }
 
