@@ -544,9 +544,13 @@ func (x *exec) tensorData(t *kernels.Tensor, pieces int) (td *codec.Tensor, writ
 	if err != nil {
 		return nil, nil, err
 	}
-	data, err := x.bytesOf(t)
-	if err != nil {
-		return nil, nil, err
+	data, give := hostView(t), func() {}
+	if data == nil {
+		data, give = x.hostBuffer(t.Bytes())
+		if err := x.d.cfg.Backend.Download(data, t.Buf); err != nil {
+			give()
+			return nil, nil, err
+		}
 	}
 	td.Object, td.NUID, td.Bucket = "result-"+randomID(), objectstore.NewNUID(), bucket
 	x.io.outObject += uint64(len(data))
@@ -556,6 +560,7 @@ func (x *exec) tensorData(t *kernels.Tensor, pieces int) (td *codec.Tensor, writ
 		td.Pieces = k
 	}
 	return td, func() {
+		defer give()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		var err error

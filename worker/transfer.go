@@ -597,6 +597,33 @@ func (x *exec) place(id uint64, m kernels.Meta, data []byte) error {
 	return nil
 }
 
+// hostBuffers is a backend that lends page-locked host memory (the CUDA
+// backend's): a large upload is read from the object store into it and
+// copied to the device from there, a large result downloaded into it and
+// written from there, with no pass through the backend's own staging.
+type hostBuffers interface {
+	HostBuffer(n int) ([]byte, func(), error)
+}
+
+// hostBufferMin is the size from which a transfer borrows a backend's
+// host buffer.
+const hostBufferMin = 8 << 20
+
+// hostBuffer returns n bytes of host memory to fill or read, and the
+// function that gives them back: the backend's pinned memory where it
+// lends some, else a new slice (then give does nothing).
+func (x *exec) hostBuffer(n int) (b []byte, give func()) {
+	if hb, ok := x.d.cfg.Backend.(hostBuffers); ok && n >= hostBufferMin && !x.d.noHostBuffers.Load() {
+		b, give, err := hb.HostBuffer(n)
+		if err == nil {
+			return b, give
+		}
+		x.d.noHostBuffers.Store(true)
+		x.d.w.logf("worker: %s: a pinned host buffer of %d bytes: %v; large transfers go through the backend's staging from now on", x.d.cfg.Name, n, err)
+	}
+	return make([]byte, n), func() {}
+}
+
 // receiver allocates a tensor and the host bytes to fill: the tensor's own
 // memory when it lives on the host, else a staging buffer that done
 // uploads. Every byte is written before the tensor is placed (a failed
@@ -607,6 +634,7 @@ type receiver struct {
 	t       *kernels.Tensor
 	host    []byte
 	staging bool
+	give    func() // gives the staging buffer back
 }
 
 func (r *receiver) alloc(m kernels.Meta) ([]byte, error) {
@@ -616,7 +644,8 @@ func (r *receiver) alloc(m kernels.Meta) ([]byte, error) {
 	}
 	r.t = t
 	if r.host = hostView(t); r.host == nil {
-		r.host, r.staging = make([]byte, m.Bytes()), true
+		r.host, r.give = r.x.hostBuffer(m.Bytes())
+		r.staging = true
 	}
 	return r.host, nil
 }
@@ -624,7 +653,9 @@ func (r *receiver) alloc(m kernels.Meta) ([]byte, error) {
 // done places the filled tensor as output id.
 func (r *receiver) done(id uint64) error {
 	if r.staging {
-		if err := r.x.d.cfg.Backend.Upload(r.t.Buf, r.host); err != nil {
+		err := r.x.d.cfg.Backend.Upload(r.t.Buf, r.host)
+		r.giveBack()
+		if err != nil {
 			r.drop()
 			return err
 		}
@@ -634,9 +665,18 @@ func (r *receiver) done(id uint64) error {
 }
 
 func (r *receiver) drop() {
+	r.giveBack()
 	if r.t != nil {
 		r.x.release([]*kernels.Tensor{r.t})
 		r.t = nil
+	}
+}
+
+// giveBack gives the staging buffer back, once.
+func (r *receiver) giveBack() {
+	if r.give != nil {
+		r.give()
+		r.give, r.host = nil, nil
 	}
 }
 

@@ -353,6 +353,18 @@ func (b *Backend) Upload(dst kernels.Buffer, src []byte) error {
 		if err != nil {
 			return err
 		}
+		if hb := b.hosts.find(src); hb != nil {
+			// Pinned already: one copy from it, which the buffer's
+			// reuse waits for.
+			if err := memcpyHtoD(d.ptr, unsafe.Pointer(unsafe.SliceData(src)), len(src), b.stream); err != nil {
+				return err
+			}
+			if err := eventRecord(hb.ev, b.stream); err != nil {
+				return err
+			}
+			hb.busy = true
+			return nil
+		}
 		for off := 0; off < len(src); off += stageBytes {
 			n := min(stageBytes, len(src)-off)
 			st, err := b.stage.take()
@@ -384,6 +396,15 @@ func (b *Backend) Download(dst []byte, src kernels.Buffer) error {
 		d, err := b.own(src, len(dst))
 		if err != nil {
 			return err
+		}
+		if hb := b.hosts.find(dst); hb != nil {
+			if err := memcpyDtoH(unsafe.Pointer(unsafe.SliceData(dst)), d.ptr, len(dst), b.stream); err != nil {
+				return err
+			}
+			if err := eventRecord(hb.ev, b.stream); err != nil {
+				return err
+			}
+			return eventSync(hb.ev)
 		}
 		type piece struct {
 			st     *stage

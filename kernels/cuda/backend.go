@@ -80,6 +80,7 @@ type Backend struct {
 	stream   cuStream
 	syncEv   cuEvent
 	stage    stager
+	hosts    hostBufs
 	mods     []cuModule
 	blas     blasState
 	asyncErr *AsyncError // the first failure of queued work, not yet reported
@@ -306,6 +307,7 @@ func (b *Backend) release() {
 	}
 	b.blas.close(b)
 	b.stage.close()
+	b.hosts.close()
 	b.mem.close()
 	for _, m := range b.mods {
 		_ = moduleUnload(m)

@@ -83,7 +83,8 @@
 //
 // Device memory comes from a caching allocator with size classes; classes
 // up to 64 KiB are carved from 2 MiB slabs. Host transfers go through
-// pinned staging buffers.
+// pinned staging buffers, or, from and into a buffer that HostBuffer lent
+// (page-locked itself), straight to and from the device.
 //
 // Random ops reproduce kernels.UniformAt and kernels.NormalAt bit for bit:
 // the generated code mixes the same splitmix64 counters and evaluates

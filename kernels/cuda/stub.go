@@ -38,6 +38,9 @@ func (b *Backend) Free(kernels.Buffer) {}
 // Upload returns ErrNoGPU.
 func (b *Backend) Upload(dst kernels.Buffer, src []byte) error { return ErrNoGPU }
 
+// HostBuffer returns ErrNoGPU.
+func (b *Backend) HostBuffer(n int) ([]byte, func(), error) { return nil, nil, ErrNoGPU }
+
 // Download returns ErrNoGPU.
 func (b *Backend) Download(dst []byte, src kernels.Buffer) error { return ErrNoGPU }
 

@@ -1,0 +1,175 @@
+package worker_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jetfabric/jetfabric/broker/brokertest"
+	"github.com/jetfabric/jetfabric/client"
+	"github.com/jetfabric/jetfabric/kernels"
+	"github.com/jetfabric/jetfabric/kernels/cpu"
+	"github.com/jetfabric/jetfabric/worker"
+)
+
+// opaque is a buffer whose memory the worker cannot see, like device
+// memory: it goes through Upload and Download.
+type opaque struct{ b kernels.Buffer }
+
+func (o *opaque) Bytes() int { return o.b.Bytes() }
+
+// lender is a backend of opaque buffers that lends host buffers for
+// transfers, as the CUDA backend lends pinned memory; it counts what it
+// lent and got back, and with refuse set lends nothing. It computes on the
+// CPU backend, of which it shows only the kernels.Backend methods.
+type lender struct {
+	cpu    *cpu.Backend
+	refuse bool
+
+	mu          sync.Mutex
+	lent, given int
+	out         map[*byte]int // lent buffers by first byte: their size
+	fromLent    int           // uploads from a lent buffer
+	intoLent    int           // downloads into one
+}
+
+func newLender(refuse bool) *lender {
+	return &lender{cpu: cpu.New(), refuse: refuse, out: map[*byte]int{}}
+}
+
+func (l *lender) Name() string { return "lender" }
+func (l *lender) Sync() error  { return l.cpu.Sync() }
+
+func (l *lender) HostBuffer(n int) ([]byte, func(), error) {
+	if l.refuse {
+		return nil, nil, errors.New("no pinned memory today")
+	}
+	b := make([]byte, n)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lent++
+	l.out[&b[0]] = n
+	var once sync.Once
+	return b, func() {
+		once.Do(func() {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			l.given++
+			delete(l.out, &b[0])
+		})
+	}, nil
+}
+
+// isLent reports whether p lies in a buffer lent and not given back.
+func (l *lender) isLent(p []byte) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n, ok := l.out[&p[0]]
+	return ok && len(p) <= n
+}
+
+func (l *lender) Alloc(n int) (kernels.Buffer, error) {
+	b, err := l.cpu.Alloc(n)
+	if err != nil {
+		return nil, err
+	}
+	return &opaque{b}, nil
+}
+
+func (l *lender) Free(b kernels.Buffer) {
+	if o, ok := b.(*opaque); ok {
+		l.cpu.Free(o.b)
+	}
+}
+
+func (l *lender) Upload(dst kernels.Buffer, src []byte) error {
+	if len(src) > 0 && l.isLent(src) {
+		l.mu.Lock()
+		l.fromLent++
+		l.mu.Unlock()
+	}
+	return l.cpu.Upload(dst.(*opaque).b, src)
+}
+
+func (l *lender) Download(dst []byte, src kernels.Buffer) error {
+	if len(dst) > 0 && l.isLent(dst) {
+		l.mu.Lock()
+		l.intoLent++
+		l.mu.Unlock()
+	}
+	return l.cpu.Download(dst, src.(*opaque).b)
+}
+
+func (l *lender) Exec(op *kernels.Op, in, out []*kernels.Tensor) error {
+	unwrap := func(ts []*kernels.Tensor) []*kernels.Tensor {
+		u := make([]*kernels.Tensor, len(ts))
+		for i, t := range ts {
+			u[i] = &kernels.Tensor{Meta: t.Meta, Buf: t.Buf.(*opaque).b}
+		}
+		return u
+	}
+	return l.cpu.Exec(op, unwrap(in), unwrap(out))
+}
+
+// TestHostBuffers: on a device whose memory the worker cannot see, a large
+// upload is read into a host buffer the backend lends and uploaded from
+// it, a large result downloaded into one and written from it, and every
+// buffer is given back; the bits are the same. A backend that refuses to
+// lend (no pinned memory) gets the same bits through plain buffers, and a
+// small tensor never borrows.
+func TestHostBuffers(t *testing.T) {
+	for _, refuse := range []bool{false, true} {
+		b := brokertest.Run(t)
+		be := newLender(refuse)
+		startWorker(t, b, func(c *worker.Config) { c.Devices[0].Backend = be })
+		c, err := client.Connect(b.ClientURL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		s, err := c.Open(ctx, "cpu-0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		data := make([]byte, 12<<20) // over the 8 MiB from which transfers borrow
+		r := rand.New(rand.NewPCG(1, 2))
+		for i := range data {
+			data[i] = byte(r.UintN(200)) // u8, no overflow in the sum below
+		}
+		x, err := s.Upload(ctx, "u8", []int{len(data)}, data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := x.Read(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got.Bytes, data) {
+			t.Fatalf("refuse %v: the tensor read back differs from the upload", refuse)
+		}
+		small, err := s.Upload(ctx, "u8", []int{1 << 20}, data[:1<<20])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := small.Read(ctx); err != nil || !bytes.Equal(got.Bytes, data[:1<<20]) {
+			t.Fatalf("refuse %v: a 1 MiB tensor read back: %v", refuse, err)
+		}
+		cancel()
+		c.Close()
+		be.mu.Lock()
+		lent, given, from, into, out := be.lent, be.given, be.fromLent, be.intoLent, len(be.out)
+		be.mu.Unlock()
+		want := 2
+		if refuse {
+			want = 0
+		}
+		if lent != want || given != want || from != want/2 || into != want/2 || out != 0 {
+			t.Errorf("refuse %v: %d host buffers lent, %d given back, %d still out; %d uploads from one, %d downloads into one; want %d, %d, 0, %d, %d",
+				refuse, lent, given, out, from, into, want, want, want/2, want/2)
+		}
+	}
+}
