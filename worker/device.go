@@ -33,10 +33,12 @@ type device struct {
 	applied      atomic.Uint64
 	// loopAt is when the loop last came round (unix ns), for health.
 	loopAt atomic.Int64
+	m      metrics
+
 	// noHostBuffers: the backend failed to lend a host buffer once (said
 	// in the log); transfers stage through plain memory from then on.
 	noHostBuffers atomic.Bool
-	m             metrics
+
 	// mem accounts tensor memory against the device's budget; sessBytes
 	// is each session's share as of the last housekeeping.
 	mem       memory
