@@ -452,10 +452,12 @@ func (b *Backend) Download(dst []byte, src kernels.Buffer) error {
 	})
 }
 
-// Trim gives the driver back the memory cached for reuse (every cached
-// large block, and every slab none of whose blocks is in use) and returns
-// how many bytes that was. It waits for the work queued before it, which
-// may still read blocks freed into the cache.
+// Trim gives the driver back the device memory cached for reuse (every
+// cached large block, and every slab none of whose blocks is in use) and
+// returns how many bytes that was; it also frees the pinned host buffers
+// kept for reuse (see HostBuffer), which it does not count. It waits for
+// the work queued before it, which may still read blocks freed into the
+// cache.
 func (b *Backend) Trim() int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -468,6 +470,7 @@ func (b *Backend) Trim() int64 {
 			return err
 		}
 		n = b.mem.trim()
+		b.hosts.trim()
 		return nil
 	})
 	return n

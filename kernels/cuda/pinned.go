@@ -16,8 +16,9 @@ import (
 // copy and the device's copy runs at the bus's speed.
 //
 // Pinning memory is slow (the driver locks every page), so buffers given
-// back are kept for reuse, up to hostCacheBytes in all; a buffer an upload
-// still reads is handed out again only once that copy is done.
+// back are kept for reuse, up to hostCacheBytes in all, until Trim; a
+// buffer an upload still reads is handed out again only once that copy is
+// done.
 
 // hostCacheBytes bounds the pinned bytes kept for reuse once given back.
 const hostCacheBytes = 512 << 20
@@ -137,6 +138,20 @@ func (h *hostBufs) free(hb *hostBuf) {
 	}
 	_ = eventDestroy(hb.ev)
 	_ = hostFree(hb.host)
+}
+
+// trim frees every kept buffer.
+func (h *hostBufs) trim() {
+	lent := h.all[:0]
+	for _, hb := range h.all {
+		if hb.lent {
+			lent = append(lent, hb)
+			continue
+		}
+		h.free(hb)
+	}
+	clear(h.all[len(lent):])
+	h.all, h.kept = lent, 0
 }
 
 // close frees every buffer, lent or kept.

@@ -89,7 +89,25 @@ func TestHostBuffer(t *testing.T) {
 	if err := b.do(func() error { kept = b.hosts.kept; return nil }); err != nil {
 		t.Fatal(err)
 	}
-	if kept > hostCacheBytes {
-		t.Errorf("%d bytes kept, over the bound of %d", kept, hostCacheBytes)
+	if kept > hostCacheBytes || kept == 0 {
+		t.Errorf("%d bytes kept, want some, at most %d", kept, hostCacheBytes)
 	}
+	// Trim frees what is kept, not what is lent.
+	lent, giveLent, err := b.HostBuffer(hostMinBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lent[0] = 7
+	b.Trim()
+	var bufs int
+	if err := b.do(func() error { kept, bufs = b.hosts.kept, len(b.hosts.all); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if kept != 0 || bufs != 1 {
+		t.Errorf("after Trim: %d bytes kept, %d buffers; want 0 and the one lent", kept, bufs)
+	}
+	if err := b.Upload(dev, lent); err != nil {
+		t.Fatal(err)
+	}
+	giveLent()
 }
