@@ -546,7 +546,7 @@ func (x *exec) tensorData(t *kernels.Tensor, pieces int) (td *codec.Tensor, writ
 	}
 	data, give := hostView(t), func() {}
 	if data == nil {
-		data, give = x.hostBuffer(t.Bytes())
+		data, give = x.d.hostBuffer(t.Bytes())
 		if err := x.d.cfg.Backend.Download(data, t.Buf); err != nil {
 			give()
 			return nil, nil, err

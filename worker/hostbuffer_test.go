@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
@@ -115,17 +116,28 @@ func (l *lender) Exec(op *kernels.Op, in, out []*kernels.Tensor) error {
 	return l.cpu.Exec(op, unwrap(in), unwrap(out))
 }
 
+// counts returns what l lent and got back, the uploads from and downloads
+// into a lent buffer, and the buffers still out.
+func (l *lender) counts() (lent, given, from, into, out int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lent, l.given, l.fromLent, l.intoLent, len(l.out)
+}
+
 // TestHostBuffers: on a device whose memory the worker cannot see, a large
 // upload is read into a host buffer the backend lends and uploaded from
 // it, a large result downloaded into one and written from it, and every
-// buffer is given back; the bits are the same. A backend that refuses to
-// lend (no pinned memory) gets the same bits through plain buffers, and a
-// small tensor never borrows.
+// buffer is given back; the bits are the same. Another worker that
+// restores the tensor from a checkpoint reads it into a lent buffer too.
+// A backend that refuses to lend (no pinned memory) gets the same bits
+// through plain buffers, and a small tensor never borrows.
 func TestHostBuffers(t *testing.T) {
 	for _, refuse := range []bool{false, true} {
 		b := brokertest.Run(t)
 		be := newLender(refuse)
-		startWorker(t, b, func(c *worker.Config) { c.Devices[0].Backend = be })
+		w := startWorker(t, b, func(c *worker.Config) { c.Devices[0].Backend = be })
+		srv := httptest.NewServer(w.MetricsHandler())
+		defer srv.Close()
 		c, err := client.Connect(b.ClientURL())
 		if err != nil {
 			t.Fatal(err)
@@ -158,18 +170,46 @@ func TestHostBuffers(t *testing.T) {
 		if got, err := small.Read(ctx); err != nil || !bytes.Equal(got.Bytes, data[:1<<20]) {
 			t.Fatalf("refuse %v: a 1 MiB tensor read back: %v", refuse, err)
 		}
-		cancel()
-		c.Close()
-		be.mu.Lock()
-		lent, given, from, into, out := be.lent, be.given, be.fromLent, be.intoLent, len(be.out)
-		be.mu.Unlock()
-		want := 2
+		want := 1
 		if refuse {
 			want = 0
 		}
-		if lent != want || given != want || from != want/2 || into != want/2 || out != 0 {
+		if lent, given, from, into, out := be.counts(); lent != 2*want || given != 2*want || from != want || into != want || out != 0 {
 			t.Errorf("refuse %v: %d host buffers lent, %d given back, %d still out; %d uploads from one, %d downloads into one; want %d, %d, 0, %d, %d",
-				refuse, lent, given, out, from, into, want, want, want/2, want/2)
+				refuse, lent, given, out, from, into, 2*want, 2*want, want, want)
 		}
+
+		// A checkpoint, then another worker takes the device over and
+		// restores the tensor from it.
+		s.Checkpoint()
+		if err := s.Sync(ctx); err != nil {
+			t.Fatal(err)
+		}
+		checkFor(t, time.Minute, 20*time.Millisecond, func() error {
+			if n := scrape(t, srv.URL)[`jetfabric_device_checkpoints_total{device="cpu-0"}`]; n < 1 {
+				return errors.New("no checkpoint yet")
+			}
+			return nil
+		})
+		if err := w.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+		be2 := newLender(refuse)
+		startWorker(t, b, func(c *worker.Config) { c.Devices[0].Backend = be2; c.ID = "second" })
+		got, err = x.Read(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got.Bytes, data) {
+			t.Fatalf("refuse %v: the tensor restored by another worker differs from the upload", refuse)
+		}
+		// Restored (read into a lent buffer and uploaded from it), then
+		// read back (downloaded into one).
+		if lent, given, from, into, out := be2.counts(); lent != 2*want || given != 2*want || from != want || into != want || out != 0 {
+			t.Errorf("refuse %v, after the takeover: %d host buffers lent, %d given back, %d still out; %d uploads from one, %d downloads into one; want %d, %d, 0, %d, %d",
+				refuse, lent, given, out, from, into, 2*want, 2*want, want, want)
+		}
+		cancel()
+		c.Close()
 	}
 }

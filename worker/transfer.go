@@ -611,15 +611,16 @@ const hostBufferMin = 8 << 20
 
 // hostBuffer returns n bytes of host memory to fill or read, and the
 // function that gives them back: the backend's pinned memory where it
-// lends some, else a new slice (then give does nothing).
-func (x *exec) hostBuffer(n int) (b []byte, give func()) {
-	if hb, ok := x.d.cfg.Backend.(hostBuffers); ok && n >= hostBufferMin && !x.d.noHostBuffers.Load() {
+// lends some, else a new slice (then give does nothing). Safe from any
+// goroutine.
+func (d *device) hostBuffer(n int) (b []byte, give func()) {
+	if hb, ok := d.cfg.Backend.(hostBuffers); ok && n >= hostBufferMin && !d.noHostBuffers.Load() {
 		b, give, err := hb.HostBuffer(n)
 		if err == nil {
 			return b, give
 		}
-		x.d.noHostBuffers.Store(true)
-		x.d.w.logf("worker: %s: a pinned host buffer of %d bytes: %v; large transfers go through the backend's staging from now on", x.d.cfg.Name, n, err)
+		d.noHostBuffers.Store(true)
+		d.w.logf("worker: %s: a pinned host buffer of %d bytes: %v; large transfers go through the backend's staging from now on", d.cfg.Name, n, err)
 	}
 	return make([]byte, n), func() {}
 }
@@ -644,7 +645,7 @@ func (r *receiver) alloc(m kernels.Meta) ([]byte, error) {
 	}
 	r.t = t
 	if r.host = hostView(t); r.host == nil {
-		r.host, r.give = r.x.hostBuffer(m.Bytes())
+		r.host, r.give = r.x.d.hostBuffer(m.Bytes())
 		r.staging = true
 	}
 	return r.host, nil
