@@ -439,6 +439,11 @@ const (
 	maxKeyRecheck = time.Second
 )
 
+// storeLag bounds how long a key may take to be readable after another
+// was seen: a core subscriber can get a put before the stream has stored
+// it, and a direct get may be answered by a replica that lags.
+const storeLag = 2 * time.Second
+
 // kvOperation is the header that marks a key-value delete or purge.
 const kvOperation = "KV-Operation"
 
@@ -476,8 +481,20 @@ func (mv *mover) announced(ctx context.Context, name string, rc readCount) (kern
 func (mv *mover) countRead(ctx context.Context, name, who string, limit int) error {
 	kv := mv.w.ctrl
 	key := subjects.TransferReadsKey(name)
-	for {
+	lag := time.Now().Add(storeLag)
+	for wait := 100 * time.Microsecond; ; {
 		e, err := kv.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) && time.Now().Before(lag) {
+			// The writer stored the list before its announcement, but the
+			// server that answers may not have it yet: look again shortly.
+			select {
+			case <-ctx.Done():
+				return failf(codec.CodeUnavailabe, "%s: read list: %v", name, ctx.Err())
+			case <-time.After(wait):
+			}
+			wait = min(2*wait, 10*time.Millisecond)
+			continue
+		}
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			return failf(codec.CodeUnavailabe, "%s is gone: its read list was deleted (read to its limit, or expired), or its writer made none", name)
 		}
