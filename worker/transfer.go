@@ -376,9 +376,9 @@ func (mv *mover) awaitAnnouncement(ctx context.Context, name string, accept func
 	case err != nil && ctx.Err() != nil:
 		return rc, failf(codec.CodeUnavailabe, "%s did not arrive within the timeout (its writer never ran, or ran on a device that is down)", name)
 	case err != nil:
-		return rc, failf(codec.CodeUnavailabe, "%s: read count: %v", name, err)
+		return rc, failf(codec.CodeUnavailabe, "%s: announcement: %v", name, err)
 	case decodeErr != nil:
-		return rc, failf(codec.CodeUnavailabe, "%s: read count: %v", name, decodeErr)
+		return rc, failf(codec.CodeUnavailabe, "%s: announcement: %v", name, decodeErr)
 	}
 	return rc, nil
 }
