@@ -381,6 +381,7 @@ func (d *device) writeCheckpoint(ctx context.Context, snap *ckptSnapshot) (ref *
 		}
 	}()
 	var wrote int64
+	var staged []byte // a download of a tensor the host cannot read, reused
 	for i := range snap.sessions {
 		ss := &snap.sessions[i]
 		cs := ss.ckptSession
@@ -392,15 +393,13 @@ func (d *device) writeCheckpoint(ctx context.Context, snap *ckptSnapshot) (ref *
 				ct.Data = snap.small[st.off : st.off+st.n]
 			}
 			if st.pinned { // a large new tensor: the writer stores it
-				data, give := st.data, func() {}
+				data := st.data
 				if data == nil {
-					// A tensor the host cannot read: downloaded into host
-					// memory (pinned where the backend lends it).
-					data, give = d.hostBuffer(st.t.Bytes())
-					if err := d.cfg.Backend.Download(data, st.t.Buf); err != nil {
-						give()
+					staged = slices.Grow(staged[:0], st.t.Bytes())[:st.t.Bytes()]
+					if err := d.cfg.Backend.Download(staged, st.t.Buf); err != nil {
 						return nil, fmt.Errorf("worker: checkpoint %s: download tensor %d: %w", d.cfg.Name, st.id, err)
 					}
+					data = staged
 				}
 				// The object is named by the digest computed beside the
 				// write; bytes stored under that name already (the same
@@ -409,7 +408,6 @@ func (d *device) writeCheckpoint(ctx context.Context, snap *ckptSnapshot) (ref *
 					objectstore.WithNameFromDigest(func(sum [sha256.Size]byte) string {
 						return tensorObject(d.cfg.Name, hex.EncodeToString(sum[:]))
 					}), objectstore.WithYield(d.giveWay))
-				give()
 				if err != nil {
 					return nil, fmt.Errorf("worker: checkpoint %s: store tensor %d: %w", d.cfg.Name, st.id, err)
 				}
