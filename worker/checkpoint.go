@@ -676,14 +676,13 @@ func (d *device) restoreTensor(magic string, ct ckptTensor, data []byte) (t *ker
 	// restore.go): the step down frees it if the read fails.
 	return t, func(ctx context.Context) error {
 		name := tensorObject(d.cfg.Name, ct.Digest)
-		dst := hostView(t)
-		if dst == nil { // read into host memory (pinned where the backend lends it), then upload
-			var give func()
-			src, give = d.hostBuffer(n)
-			defer give()
-			dst = src
+		var info objectstore.Info
+		var err error
+		if h := hostView(t); h != nil {
+			info, err = d.w.ckpt.GetInto(ctx, name, h)
+		} else if src, info, err = d.w.ckpt.Get(ctx, name); err == nil && info.Size != int64(n) {
+			err = fmt.Errorf("object %s holds %d bytes, %d needed", name, info.Size, n)
 		}
-		info, err := d.w.ckpt.GetInto(ctx, name, dst)
 		if err == nil && info.SHA256 != ct.Digest {
 			err = fmt.Errorf("object %s has digest %s, the manifest names %s", name, info.SHA256, ct.Digest)
 		}
