@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net/http/httptest"
 	"sync"
@@ -30,6 +31,7 @@ func (o *opaque) Bytes() int { return o.b.Bytes() }
 type lender struct {
 	cpu    *cpu.Backend
 	refuse bool
+	min    int // sizes under it are refused as kernels.ErrShape
 
 	mu          sync.Mutex
 	lent, given int
@@ -48,6 +50,9 @@ func (l *lender) Sync() error  { return l.cpu.Sync() }
 func (l *lender) HostBuffer(n int) ([]byte, func(), error) {
 	if l.refuse {
 		return nil, nil, errors.New("no pinned memory today")
+	}
+	if n < l.min {
+		return nil, nil, fmt.Errorf("%w: %d bytes, under %d", kernels.ErrShape, n, l.min)
 	}
 	b := make([]byte, n)
 	l.mu.Lock()
@@ -211,5 +216,40 @@ func TestHostBuffers(t *testing.T) {
 		}
 		cancel()
 		c.Close()
+	}
+}
+
+// TestHostBufferSizeRefused: a size the backend does not lend (an error
+// wrapping kernels.ErrShape) goes through plain memory, and the next
+// transfer of a size it lends still borrows.
+func TestHostBufferSizeRefused(t *testing.T) {
+	b := brokertest.Run(t)
+	be := newLender(false)
+	be.min = 16 << 20
+	startWorker(t, b, func(c *worker.Config) { c.Devices[0].Backend = be })
+	c, err := client.Connect(b.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, err := c.Open(ctx, "cpu-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{12 << 20, 20 << 20} {
+		data := bytes.Repeat([]byte{byte(n >> 20)}, n)
+		x, err := s.Upload(ctx, "u8", []int{n}, data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Sync(ctx); err != nil {
+			t.Fatalf("%d bytes: %v", n, err)
+		}
+		x.Free()
+	}
+	if lent, given, from, _, out := be.counts(); lent != 1 || given != 1 || from != 1 || out != 0 {
+		t.Errorf("%d host buffers lent, %d given back, %d still out, %d uploads from one; want 1, 1, 0, 1 (the 20 MiB upload)", lent, given, out, from)
 	}
 }

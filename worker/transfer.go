@@ -633,11 +633,13 @@ const hostBufferMin = 8 << 20
 func (d *device) hostBuffer(n int) (b []byte, give func()) {
 	if hb, ok := d.cfg.Backend.(hostBuffers); ok && n >= hostBufferMin && !d.noHostBuffers.Load() {
 		b, give, err := hb.HostBuffer(n)
-		if err == nil {
+		switch {
+		case err == nil:
 			return b, give
+		case !errors.Is(err, kernels.ErrShape): // a size it does not lend is no failure
+			d.noHostBuffers.Store(true)
+			d.w.logf("worker: %s: a pinned host buffer of %d bytes: %v; large transfers go through the backend's staging from now on", d.cfg.Name, n, err)
 		}
-		d.noHostBuffers.Store(true)
-		d.w.logf("worker: %s: a pinned host buffer of %d bytes: %v; large transfers go through the backend's staging from now on", d.cfg.Name, n, err)
 	}
 	return make([]byte, n), func() {}
 }
