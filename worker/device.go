@@ -35,8 +35,9 @@ type device struct {
 	loopAt atomic.Int64
 	m      metrics
 
-	// noHostBuffers: the backend failed to lend a host buffer once (said
-	// in the log); transfers stage through plain memory from then on.
+	// noHostBuffers: the backend failed to lend a host buffer once, for
+	// another reason than its size (said in the log); transfers stage
+	// through plain memory from then on.
 	noHostBuffers atomic.Bool
 
 	// mem accounts tensor memory against the device's budget; sessBytes
