@@ -4,13 +4,16 @@ package worker_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jetfabric/jetfabric/broker/brokertest"
 	"github.com/jetfabric/jetfabric/client"
@@ -185,4 +188,87 @@ func TestGPUPrograms(t *testing.T) {
 	}
 	t.Cleanup(func() { c.Close() })
 	checkPrograms(t, w, c, "gpu-0", false)
+}
+
+// TestGPUCheckpoint: a GPU session holding tensors of 32 and 12 MiB and a
+// small one is checkpointed, its worker stopped, and another GPU worker
+// restores it: the same bits read back, and the next op runs on them.
+func TestGPUCheckpoint(t *testing.T) {
+	b := brokertest.Run(t)
+	gpu := func(id string) func(c *worker.Config) {
+		return func(c *worker.Config) {
+			c.ID = id
+			c.CheckpointInterval = 0
+			c.Devices = []worker.Device{{Name: "gpu-0", Kind: "gpu", Backend: openGPU(t)}}
+		}
+	}
+	w := startWorker(t, b, gpu("first"))
+	srv := httptest.NewServer(w.MetricsHandler())
+	defer srv.Close()
+	c, err := client.Connect(b.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	s, err := c.Open(ctx, "gpu-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := make([]byte, 12<<20)
+	for i := range data {
+		data[i] = byte(i*7 + i>>12)
+	}
+	up, err := s.Upload(ctx, "u8", []int{len(data)}, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := []*client.Tensor{s.Uniform([]int{8 << 20}, -1, 1), up, s.Uniform([]int{3, 5}, -1, 1)}
+	before := make([][]byte, len(held))
+	for i, x := range held {
+		d, err := x.Read(ctx)
+		if err != nil {
+			t.Fatalf("tensor %d before the checkpoint: %v", i, err)
+		}
+		before[i] = d.Bytes
+	}
+	if !bytes.Equal(before[1], data) {
+		t.Fatal("the upload read back differs")
+	}
+	s.Checkpoint()
+	if err := s.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 2*time.Minute, 20*time.Millisecond, func() error {
+		if n := scrape(t, srv.URL)[`jetfabric_device_checkpoints_total{device="gpu-0"}`]; n < 1 {
+			return errors.New("no checkpoint yet")
+		}
+		return nil
+	})
+	if err := w.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	startWorker(t, b, gpu("second"))
+	for i, x := range held {
+		d, err := x.Read(ctx)
+		if err != nil {
+			t.Fatalf("tensor %d after the takeover: %v", i, err)
+		}
+		if !bytes.Equal(d.Bytes, before[i]) {
+			t.Errorf("tensor %d (%d bytes): restored bits differ", i, len(before[i]))
+		}
+	}
+	// The restored tensors compute: their sum against the host's.
+	d, err := held[1].Cast("f64").Sum().Read(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want float64
+	for _, x := range data {
+		want += float64(x)
+	}
+	if len(d.Bytes) != 8 || math.Float64frombits(binary.LittleEndian.Uint64(d.Bytes)) != want {
+		t.Errorf("sum of the restored upload %x, want %v", d.Bytes, want)
+	}
 }
