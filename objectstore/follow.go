@@ -1,11 +1,11 @@
 package objectstore
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"hash/crc32"
 	"regexp"
 	"time"
 
@@ -39,8 +39,9 @@ func WithNUID(nuid string) PutOption {
 }
 
 // WithSHA256 gives Put the data's SHA-256, computed by the caller, so that
-// it is not computed again. A wrong digest makes every read of the object
-// fail with ErrDigest.
+// it is not computed again. Such an object's meta carries no CRC-32 (see
+// hdrCRC32), so readers check the digest, and a wrong one makes every read
+// of the object fail with ErrDigest.
 func WithSHA256(sum [sha256.Size]byte) PutOption {
 	return func(c *putConfig) { c.digest = &sum }
 }
@@ -181,7 +182,7 @@ func (s *Store) Follow(ctx context.Context, name, nuid string, dst []byte) (Info
 	errStalled := fmt.Errorf("%w: nothing written for %v", ErrStalled, s.opts.timeout)
 	timer := time.AfterFunc(s.opts.timeout, func() { stall(errStalled) })
 	defer timer.Stop()
-	h := sha256.New()
+	h := crc32.NewIEEE() // the meta, which says what to check, comes last
 	off, n, fits := 0, 0, true
 	for {
 		msg, err := it.Next(jetstream.NextContext(idle))
@@ -223,18 +224,21 @@ func (s *Store) Follow(ctx context.Context, name, nuid string, dst []byte) (Info
 		if target, err := s.resolveLink(ctx, name, &oi); err == nil && target.NUID == nuid {
 			oi = *target // an alias of the object written on nuid
 		}
-		if oi.NUID != nuid || !fits || !followed(&oi, h.Sum(nil), off, n, len(dst)) {
+		if oi.NUID != nuid || !fits || !followed(&oi, h.Sum32(), dst, off, n) {
 			return s.GetInto(ctx, name, dst)
 		}
 		return info(&oi), nil
 	}
 }
 
-// followed reports whether what Follow read matches the meta.
-func followed(oi *jetstream.ObjectInfo, sum []byte, size, chunks, want int) bool {
+// followed reports whether what a follower read into dst matches the
+// meta: size bytes in chunks chunks, whose CRC-32 is crc (see verifyData).
+func followed(oi *jetstream.ObjectInfo, crc uint32, dst []byte, size, chunks int) bool {
 	if _, parted := partsOf(oi); parted || oi.Opts != nil && oi.Opts.Link != nil {
 		return false
 	}
-	digest, err := parseDigest(oi.Digest)
-	return err == nil && oi.Size == uint64(want) && size == want && int(oi.Chunks) == chunks && bytes.Equal(digest, sum)
+	if _, err := parseDigest(oi.Digest); err != nil || oi.Size != uint64(len(dst)) || size != len(dst) || int(oi.Chunks) != chunks {
+		return false
+	}
+	return verifyData(oi, crc, dst) == nil
 }

@@ -1,9 +1,7 @@
 package objectstore
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,7 +16,8 @@ import (
 )
 
 // Get reads the whole object and checks it against its meta: size, number
-// of chunks and SHA-256 digest (ErrDigest when they differ). A missing or
+// of chunks and CRC-32 or, where the meta has none, SHA-256 digest
+// (ErrDigest when they differ; see hdrCRC32). A missing or
 // deleted object gives ErrNotFound.
 func (s *Store) Get(ctx context.Context, name string) ([]byte, Info, error) {
 	oi, err := s.current(ctx, name)
@@ -101,7 +100,7 @@ func (s *Store) read(ctx context.Context, oi *jetstream.ObjectInfo, dst []byte) 
 // and checks them against the meta. See the package documentation.
 // At most readAhead bytes are requested and not yet received.
 func (s *Store) readChunks(ctx context.Context, oi *jetstream.ObjectInfo, dst []byte, readAhead int) error {
-	want, err := parseDigest(oi.Digest)
+	h, err := checkOf(oi)
 	if err != nil {
 		return fmt.Errorf("%w: %q in bucket %s: %v", ErrDigest, oi.Name, s.bucket, err)
 	}
@@ -112,8 +111,8 @@ func (s *Store) readChunks(ctx context.Context, oi *jetstream.ObjectInfo, dst []
 		if oi.Size != 0 {
 			return fmt.Errorf("%w: %q in bucket %s: %d bytes in no chunks", ErrDigest, oi.Name, s.bucket, oi.Size)
 		}
-		if sum := sha256.Sum256(nil); !bytes.Equal(sum[:], want) {
-			return fmt.Errorf("%w: %q in bucket %s: empty object with digest %s", ErrDigest, oi.Name, s.bucket, oi.Digest)
+		if err := verify(oi, h.Sum(nil)); err != nil {
+			return fmt.Errorf("%w: %q in bucket %s: empty object: %v", ErrDigest, oi.Name, s.bucket, err)
 		}
 		return nil
 	}
@@ -131,7 +130,7 @@ func (s *Store) readChunks(ctx context.Context, oi *jetstream.ObjectInfo, dst []
 	}
 	r.batch = min(r.batch, r.n, maxBatch)
 	r.work = make(chan *nats.Msg, r.batch+1)
-	r.h = sha256.New()
+	r.h = h
 	r.wg.Go(r.copyLoop)
 	err = r.run(ctx)
 	if err != nil {
@@ -145,8 +144,8 @@ func (s *Store) readChunks(ctx context.Context, oi *jetstream.ObjectInfo, dst []
 	if err != nil {
 		return err
 	}
-	if got := r.h.Sum(nil); !bytes.Equal(got, want) {
-		return fmt.Errorf("%w: %q in bucket %s: read %x, meta says %x", ErrDigest, oi.Name, s.bucket, got, want)
+	if err := verify(oi, r.h.Sum(nil)); err != nil {
+		return fmt.Errorf("%w: %q in bucket %s: %v", ErrDigest, oi.Name, s.bucket, err)
 	}
 	return nil
 }
@@ -158,7 +157,7 @@ const maxBatch = 1024
 // reader fetches one object's chunks. Its run loop (the caller's
 // goroutine) sends the requests and checks each chunk against the meta;
 // copyLoop, a goroutine it owns, copies the chunks into dst and hashes
-// them, so checking, copying and hashing overlap.
+// them (CRC-32 or SHA-256, see checkOf), so checking, copying and hashing overlap.
 type reader struct {
 	s     *Store
 	name  string

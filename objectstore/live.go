@@ -2,11 +2,11 @@ package objectstore
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"hash"
+	"hash/crc32"
 	"strconv"
 	"strings"
 	"sync"
@@ -135,10 +135,10 @@ func (s *Store) followLive(ctx context.Context, name, nuid string, dst []byte) (
 				continue // an earlier object of that name, deleted
 			}
 			oi.ModTime = time.Now().UTC()
-			var sum []byte
+			var crc uint32
 			var berr error
 			if back != nil {
-				sum, berr = back.finish()
+				crc, berr = back.finish()
 			}
 			// The meta may not be stored yet (a subscriber gets a message
 			// before its stream stores it), so it is read from here on
@@ -147,7 +147,7 @@ func (s *Store) followLive(ctx context.Context, name, nuid string, dst []byte) (
 			if lerr != nil {
 				return Info{}, true, fmt.Errorf("objectstore: %s: follow %q: %w", s.bucket, name, lerr)
 			}
-			if berr == nil && first >= 0 && target.NUID == nuid && followed(target, sum, off, next, len(dst)) {
+			if berr == nil && first >= 0 && target.NUID == nuid && followed(target, crc, dst, off, next) {
 				return info(target), true, nil
 			}
 			// Every chunk was taken before the subscription, or another
@@ -198,13 +198,14 @@ func (s *Store) deleted(name string, oi *jetstream.ObjectInfo) error {
 	return fmt.Errorf("%w: %q in bucket %s was deleted", ErrNotFound, name, s.bucket)
 }
 
-// span is a range of dst ready to be hashed.
+// span is a range of dst ready to be hashed (CRC-32: the meta, which says
+// what to check, comes last; see verifyData).
 type span struct{ off, n int }
 
 // backfill reads the chunks the broker took before a live reader
 // subscribed, from the stream, into the start of dst, then hashes the
-// whole object in order: that prefix as it is read, then the live chunks
-// as the reader hands their spans over.
+// whole object in order with CRC-32: that prefix as it is read, then the
+// live chunks as the reader hands their spans over.
 type backfill struct {
 	s      *Store
 	subj   string
@@ -215,14 +216,14 @@ type backfill struct {
 	spans  chan span
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
-	h      hash.Hash
+	h      hash.Hash32
 	err    error
 }
 
 func startBackfill(ctx context.Context, s *Store, subj string, dst []byte, chunks, chunk int) *backfill {
 	// A span per live chunk at most: the channel never blocks the reader.
 	spans := len(dst)/chunk + 2
-	b := &backfill{s: s, subj: subj, dst: dst, chunks: chunks, chunk: chunk, spans: make(chan span, spans), h: sha256.New()}
+	b := &backfill{s: s, subj: subj, dst: dst, chunks: chunks, chunk: chunk, spans: make(chan span, spans), h: crc32.NewIEEE()}
 	ctx, b.cancel = context.WithCancel(ctx)
 	b.wg.Go(func() {
 		if b.err = b.read(ctx); b.err != nil {
@@ -237,15 +238,15 @@ func startBackfill(ctx context.Context, s *Store, subj string, dst []byte, chunk
 	return b
 }
 
-// finish waits for the hashing and returns the object's SHA-256.
-func (b *backfill) finish() ([]byte, error) {
+// finish waits for the hashing and returns the object's CRC-32.
+func (b *backfill) finish() (uint32, error) {
 	close(b.spans)
 	b.wg.Wait()
 	b.cancel()
 	if b.err != nil {
-		return nil, b.err
+		return 0, b.err
 	}
-	return b.h.Sum(nil), nil
+	return b.h.Sum32(), nil
 }
 
 // stop abandons the backfill and waits for its goroutine.

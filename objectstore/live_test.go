@@ -6,8 +6,11 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"errors"
+	"fmt"
+	"hash/crc32"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -28,6 +31,7 @@ type handWriter struct {
 	nuid  string
 	data  []byte
 	chunk int
+	crc   bool // the meta carries the data's CRC-32, as Put writes it
 }
 
 func (w *handWriter) subject() string { return "$O." + bucket + ".C." + w.nuid }
@@ -69,6 +73,10 @@ func (w *handWriter) meta() {
 		Chunks:     uint32(w.chunks()),
 		Digest:     "SHA-256=" + base64.URLEncoding.EncodeToString(sum[:]),
 	}
+	if w.crc {
+		oi.Headers = nats.Header{}
+		oi.Headers.Set("Jetfabric-Crc32", fmt.Sprintf("%08x", crc32.ChecksumIEEE(w.data)))
+	}
 	m := nats.NewMsg("$O." + bucket + ".M." + encodeName(w.name))
 	m.Header.Set("Nats-Rollup", "sub")
 	m.Data = mustJSON(w.t, oi)
@@ -107,11 +115,18 @@ func (e *env) waitSubscribed(t *testing.T, subject string) {
 
 // TestFollowLive: chunks the broker stored before the reader subscribed
 // are read from the stream, the rest arrive live, and the meta ends the
-// read, with no fallback.
+// read, with no fallback; checked against the meta's CRC-32, or its
+// digest where it has none.
 func TestFollowLive(t *testing.T) {
+	for _, crc := range []bool{false, true} {
+		t.Run(fmt.Sprintf("crc %v", crc), func(t *testing.T) { testFollowLive(t, crc) })
+	}
+}
+
+func testFollowLive(t *testing.T, crc bool) {
 	e := newEnv(t)
 	s := e.store(t)
-	w := &handWriter{t: t, e: e, name: "live", nuid: objectstore.NewNUID(), data: randomBytes(40<<10+77, 9), chunk: 4 << 10}
+	w := &handWriter{t: t, e: e, name: "live", nuid: objectstore.NewNUID(), data: randomBytes(40<<10+77, 9), chunk: 4 << 10, crc: crc}
 	w.stored(0, 3)
 	fb0, back0, live0 := objectstore.LiveStats()
 	dst := make([]byte, len(w.data))
@@ -147,9 +162,11 @@ func TestFollowLiveFallsBack(t *testing.T) {
 		{"out of order", func(i int) string { return strconv.Itoa(i ^ 1) }, false},
 		{"not ours", func(i int) string { return "x" + strconv.Itoa(i) }, false},
 		{"corrupt", strconv.Itoa, true},
+		{"corrupt, CRC-32", strconv.Itoa, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			w := &handWriter{t: t, e: e, name: "fallback-" + tc.name, nuid: objectstore.NewNUID(), data: randomBytes(32<<10, 5), chunk: 4 << 10}
+			w := &handWriter{t: t, e: e, name: "fallback-" + tc.name, nuid: objectstore.NewNUID(), data: randomBytes(32<<10, 5), chunk: 4 << 10,
+				crc: strings.HasSuffix(tc.name, "CRC-32")}
 			want := bytes.Clone(w.data)
 			fb0, _, _ := objectstore.LiveStats()
 			dst := make([]byte, len(w.data))
@@ -158,7 +175,7 @@ func TestFollowLiveFallsBack(t *testing.T) {
 				w.live(i, tc.toks(i))
 			}
 			if tc.corrupt {
-				w.data[5] ^= 1 // the meta's digest no longer matches the chunks
+				w.data[5] ^= 1 // the meta's digest (or CRC-32) no longer matches the chunks
 			}
 			w.meta()
 			err := <-done

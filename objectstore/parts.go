@@ -57,7 +57,7 @@ func (s *Store) putParts(ctx context.Context, name string, data []byte, meta map
 		s.dropParts(ctx, man.Parts)
 		return Info{}, fmt.Errorf("objectstore: %s: put %q in %d parts: %w", s.bucket, name, k, err)
 	}
-	sum := dig.wait()
+	sum, _ := dig.wait()
 	man.SHA256 = hex.EncodeToString(sum[:])
 	content, err := json.Marshal(man)
 	if err != nil {

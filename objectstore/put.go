@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"maps"
 	"math"
 	"strconv"
@@ -74,8 +75,8 @@ const hashBlock = 4 << 20
 // leadChunks is how far a paced digest may run ahead of the publisher.
 const leadChunks = 4
 
-// digest computes the SHA-256 of data on its own goroutine, so hashing
-// and publishing use two cores. A paced digest (for a writer) hashes chunk
+// digest computes the SHA-256 of data and its CRC-32 (for the meta's
+// hdrCRC32) on its own goroutine, so hashing and publishing use two cores. A paced digest (for a writer) hashes chunk
 // by chunk and stays at most leadChunks ahead of the publisher, which
 // waits in ready until the chunk it sends next is hashed: the publisher
 // then copies a chunk that is still in cache, and a slow publisher holds
@@ -90,6 +91,8 @@ type digest struct {
 	stopped atomic.Bool
 	wg      sync.WaitGroup
 	sum     [sha256.Size]byte
+	crc     uint32 // CRC-32 of the data (hdrCRC32), where sum is computed
+	given   bool   // sum was given (WithSHA256): nothing is computed
 
 	nameOf func(sum [sha256.Size]byte) string // called on the goroutine when the sum is known
 	name   string                             // what nameOf returned; read after wg.Wait or named
@@ -109,15 +112,19 @@ func startDigest(data []byte, chunk int, paced bool, nameOf func([sha256.Size]by
 			defer close(d.ahead)
 		}
 		h := sha256.New()
+		var crc uint32
 		for off := 0; off < len(data); off += chunk {
 			if d.stopped.Load() {
 				return
 			}
-			h.Write(data[off:min(off+chunk, len(data))])
+			c := data[off:min(off+chunk, len(data))]
+			h.Write(c)
+			crc = crc32.Update(crc, crc32.IEEETable, c)
 			if d.ahead != nil {
 				d.ahead <- struct{}{}
 			}
 		}
+		d.crc = crc
 		h.Sum(d.sum[:0])
 		if d.nameOf != nil {
 			d.name = d.nameOf(d.sum)
@@ -142,11 +149,11 @@ func (d *digest) ready(ctx context.Context, i int) error {
 	return nil
 }
 
-// wait returns the digest of all the data.
-func (d *digest) wait() [sha256.Size]byte {
+// wait returns the SHA-256 and the CRC-32 of all the data.
+func (d *digest) wait() ([sha256.Size]byte, uint32) {
 	d.drain()
 	d.wg.Wait()
-	return d.sum
+	return d.sum, d.crc
 }
 
 // stop abandons the digest and waits for its goroutine.
@@ -236,7 +243,9 @@ func (s *Store) putObject(ctx context.Context, name string, data []byte, meta ma
 	var dig *digest
 	switch {
 	case pc.digest != nil:
-		dig = &digest{sum: *pc.digest} // nothing to compute: ready at once
+		// Nothing to compute: ready at once. The meta gets no CRC-32,
+		// so readers check the given digest.
+		dig = &digest{sum: *pc.digest, given: true}
 	case pc.nameOf != nil:
 		// Unpaced: the name is wanted as early as possible.
 		dig = startDigest(data, chunk, false, pc.nameOf)
@@ -257,8 +266,9 @@ func (s *Store) putObject(ctx context.Context, name string, data []byte, meta ma
 	err := w.sendAll(ctx)
 	var oi *jetstream.ObjectInfo
 	var sum [sha256.Size]byte
+	var crc uint32
 	if err == nil {
-		sum = dig.wait()
+		sum, crc = dig.wait()
 		if pc.nameOf != nil {
 			if name = dig.name; name == "" {
 				err = fmt.Errorf("%w: %s: put %s: the name made from the digest is empty", ErrInvalidOption, s.bucket, w.name)
@@ -294,6 +304,9 @@ func (s *Store) putObject(ctx context.Context, name string, data []byte, meta ma
 		}
 		if len(meta) > 0 {
 			oi.Metadata = maps.Clone(meta)
+		}
+		if !dig.given {
+			oi.Headers = withCRC(hdr, crc)
 		}
 		err = w.writeMeta(ctx, oi)
 	}

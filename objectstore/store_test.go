@@ -347,8 +347,17 @@ func TestIntegrity(t *testing.T) {
 			}
 			sum := sha256.Sum256([]byte("something else"))
 			oi.Digest = "SHA-256=" + b64(sum[:])
+			oi.Headers.Del("Jetfabric-Crc32") // a meta as another tool writes it
 			publishMeta(t, e, oi)
 		}, true},
+		{"meta CRC-32", func(t *testing.T, name string) {
+			oi, err := e.obs.GetInfo(ctx, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			oi.Headers.Set("Jetfabric-Crc32", "0badf00d")
+			publishMeta(t, e, oi)
+		}, false},
 		{"meta size short", func(t *testing.T, name string) {
 			oi, err := e.obs.GetInfo(ctx, name)
 			if err != nil {
