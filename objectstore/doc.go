@@ -19,7 +19,8 @@
 // ObjectInfo JSON message on $O.<bucket>.M.<base64url(name)>, published
 // with Nats-Rollup: sub so it replaces the previous one; it holds the name,
 // the caller's metadata, the size, the number of chunks, the chunk size
-// and the digest "SHA-256=<base64url>". Deleting publishes a meta marked
+// and the digest "SHA-256=<base64url>", and in its headers the CRC-32 of
+// the data (Jetfabric-Crc32, 8 hex digits; see Checks). Deleting publishes a meta marked
 // deleted and purges the chunks, as nats.go does.
 //
 // # Writing
@@ -86,7 +87,8 @@
 // over from its last good chunk, and gives up with ErrDigest after
 // WithRetries. Chunks are copied straight into the destination and hashed
 // by a goroutine that trails the one receiving them. At the end the size
-// and the SHA-256 are compared with the meta: ErrDigest when they differ.
+// and the CRC-32 (or the SHA-256) are compared with the meta: ErrDigest
+// when they differ.
 // A link to an object in the same bucket is followed, as nats.go does.
 //
 // # Waiting
@@ -111,9 +113,11 @@
 // from the stream with batched direct gets while the rest arrive; each
 // chunk's index is the last token of the inbox its ack goes to, which Put
 // writes so. The meta, written after the last chunk's ack, ends the read;
-// the bytes read must match its size, number of chunks and SHA-256 (an
-// object already complete when Follow starts is read with direct gets, as
-// GetInto reads it). When the live chunks do not come in order (the reader
+// the bytes read must match its size, number of chunks and CRC-32, or
+// SHA-256 where it has none: the follower computes the CRC-32 as chunks
+// come and, for a meta with none, the SHA-256 of the bytes read at the
+// end. An object already complete when Follow starts is read with direct
+// gets, as GetInto reads it. When the live chunks do not come in order (the reader
 // fell behind and some were dropped from its bounded queue, or the writer
 // rewound after a refusal) or are not named by index (another writer),
 // Follow reads the chunk subject again from its start with an ordered
@@ -164,13 +168,27 @@
 // Lanes (lanes.go) move one object as pieces, each an ordinary object on
 // a connection of its own, for a caller that holds a Store of the bucket on
 // each of several connections: the broker reads each connection on one
-// goroutine and every byte is hashed on both ends, so one connection moves
-// about 1 GB/s at best (4 pieces on 4 connections: 2.5 GB/s on 16 cores,
+// goroutine and every byte is hashed with SHA-256 by its writer, so one
+// connection moves about 1 GB/s at best (4 pieces on 4 connections: 2.5 GB/s on 16 cores,
 // with the bucket in memory). Unlike parts, pieces have no manifest and no
 // digest of the whole: the reader is told how many there are (jetfabric's
 // upload op and read answer carry it), piece i of k of an object of n
 // bytes being bytes [i*n/k, (i+1)*n/k) under the name <name>.<i>, on the
 // chunk subject <nuid>-<i>.
+//
+// # Checks
+//
+// Put computes the SHA-256 the format requires and, in the same pass, the
+// CRC-32 (IEEE, as zlib computes it) of the data, which it writes in the
+// meta's Jetfabric-Crc32 header. Readers check the data against that
+// CRC-32 where the meta carries a well-formed one, and against the digest
+// otherwise (objects written by nats.go, the nats CLI, or Put with
+// WithSHA256, which writes no CRC-32). A CRC-32 costs about a twentieth of
+// a SHA-256 on one core (30 GB/s against 1.3 to 1.9), and catches what the
+// digest catches short of a writer that lies: lost, extra, stale or
+// corrupted chunks, an object replaced under its reader. The digest stays
+// the object's identity: the name of an object named by its content, and
+// what a checkpoint's manifest records.
 //
 // # Concurrency
 //

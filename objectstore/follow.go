@@ -127,7 +127,7 @@ func (s *Store) deleteAs(ctx context.Context, name, nuid string, headers map[str
 // meta subject in stream order, so chunks are copied and hashed as the
 // broker stores them, and the meta, which a writer publishes only after
 // its last chunk, ends the read. The meta must name nuid and match the
-// size and the SHA-256 read. If it names another subject (the writer
+// size and the CRC-32 (or SHA-256) read. If it names another subject (the writer
 // started over, or another writer of the same name won), or the chunks do
 // not match it, Follow reads the object again from its meta as GetInto
 // does. A delete marker ends it with ErrNotFound and the writer's reason

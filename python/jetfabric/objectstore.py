@@ -20,6 +20,7 @@ import mmap
 import secrets
 import threading
 import time
+import zlib
 from datetime import datetime, timezone
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
@@ -46,6 +47,61 @@ def parse_digest(s: str) -> bytes:
         raise ObjectStoreError("digest %r is not SHA-256=<base64url>" % s)
     rest = s[8:]
     return base64.urlsafe_b64decode(rest + "=" * (-len(rest) % 4))
+
+
+# The meta header in which jetfabric's writers put the CRC-32 of an
+# object's data (8 lower-case hex digits, zlib's CRC-32); readers check it
+# instead of the SHA-256 digest where it is well formed (docs/PROTOCOL.md §7).
+CRC_HEADER = "Jetfabric-Crc32"
+
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def crc_of(meta: dict) -> Optional[int]:
+    """The CRC-32 that meta's headers give, or None where they give none or
+    a malformed one (the digest is then what is checked)."""
+    v = ((meta.get("headers") or {}).get(CRC_HEADER) or [""])[0]
+    if not isinstance(v, str) or len(v) != 8 or not _HEX.issuperset(v):
+        return None
+    return int(v, 16)
+
+
+class _Crc:
+    """A CRC-32 with hashlib's update (zlib lets go of the interpreter's
+    lock on large buffers)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def update(self, data: Union[bytes, bytearray, memoryview]) -> None:
+        self.value = zlib.crc32(data, self.value)
+
+
+def _check_for(meta: dict) -> Union[_Crc, "hashlib._Hash"]:
+    """What a reader that knows meta computes over the data: the CRC-32 where
+    meta has one, else the SHA-256."""
+    return _Crc() if crc_of(meta) is not None else hashlib.sha256()
+
+
+def _checked(meta: dict, h: Union[_Crc, "hashlib._Hash"]) -> bool:
+    """Whether h, made by _check_for(meta) and fed the data, matches meta
+    (a meta with no digest and no CRC-32 matches, as before)."""
+    c = crc_of(meta)
+    if c is not None:
+        return isinstance(h, _Crc) and h.value == c
+    want = meta.get("digest", "")
+    return not want or (not isinstance(h, _Crc) and parse_digest(want) == h.digest())
+
+
+def _checked_live(meta: dict, crc: int, data: Union[bytearray, memoryview]) -> bool:
+    """Whether data, read before its meta was known and hashed with CRC-32 as
+    it came (crc), matches meta: its CRC-32, or where it has none its
+    digest, computed now."""
+    c = crc_of(meta)
+    if c is not None:
+        return c == crc
+    want = meta.get("digest", "")
+    return bool(want) and parse_digest(want) == hashlib.sha256(data).digest()
 
 
 def buffer(size: int) -> Union[bytearray, memoryview]:
@@ -89,11 +145,11 @@ def _now() -> str:
 class _Placer:
     """Places the live chunks of an object being written into out as they
     arrive (the connection's reader reads each payload straight into its
-    place, see Connection.subscribe's sink) and hashes them in order on a
-    thread of its own, so that hashing overlaps the transfer (hashlib lets
-    go of the GIL on large buffers). The chunks stored before the
+    place, see Connection.subscribe's sink) and computes their CRC-32 in
+    order on a thread of its own, so that it overlaps the transfer (zlib
+    lets go of the GIL on large buffers). The chunks stored before the
     subscription are read from the stream by that thread first. next is
-    the index after the last chunk placed; finish returns the digest of
+    the index after the last chunk placed; finish returns the CRC-32 of
     chunks 0..next-1, or None when the chunks did not come in order."""
 
     def __init__(self, store: "ObjectStore", subject: str, size: int):
@@ -109,7 +165,7 @@ class _Placer:
         self._spans: List[Tuple[int, int]] = []
         self._cv = threading.Condition()
         self._done = False
-        self._digest: Optional[bytes] = None
+        self._crc: Optional[int] = None
         self._thread: Optional[threading.Thread] = None
 
     def sink(self, subject: str, reply: str, n: int) -> Optional[memoryview]:
@@ -151,7 +207,7 @@ class _Placer:
             self._cv.notify()
 
     def _hash(self) -> None:
-        h = hashlib.sha256()
+        h = _Crc()
         try:
             if self.first > 0 and not self._backfill(h):
                 self.bad = True
@@ -167,11 +223,11 @@ class _Placer:
                     off, n = self._spans[k]
                 k += 1
                 h.update(self.out[off : off + n])
-            self._digest = h.digest()
+            self._crc = h.value
         except Exception:  # noqa: BLE001 - the caller reads the object again
             self.bad = True
 
-    def _backfill(self, h: "hashlib._Hash") -> bool:
+    def _backfill(self, h: _Crc) -> bool:
         """Reads chunks 0..first-1 from the stream into place; False when they
         do not fit (the caller then reads the whole object again)."""
         got, seq = 0, 0
@@ -199,8 +255,8 @@ class _Placer:
         self.out = out
         self._ready.set()
 
-    def finish(self) -> Optional[bytes]:
-        """Waits for the hashing of what was placed: its digest, or None."""
+    def finish(self) -> Optional[int]:
+        """Waits for the hashing of what was placed: its CRC-32, or None."""
         self._ready.set()
         with self._cv:
             self._done = True
@@ -209,7 +265,7 @@ class _Placer:
             self._thread.join()
         if self.bad or self.first < 0:
             return None
-        return self._digest
+        return self._crc
 
 
 class _Restart(Exception):
@@ -527,7 +583,7 @@ class ObjectStore:
     # -- reading -------------------------------------------------------------
 
     def get(self, name: str, meta: Optional[dict] = None) -> Union[bytearray, memoryview]:
-        """The object's bytes, checked against the size, chunk count and digest of its meta."""
+        """The object's bytes, checked against the size, chunk count and CRC-32 (or digest) of its meta."""
         meta = self.resolve(name, meta)
         size = int(meta.get("size", 0))
         out = buffer(size)
@@ -537,7 +593,7 @@ class ObjectStore:
     def _read_chunks(self, meta: dict, out: Union[bytearray, memoryview]) -> None:
         size, chunks = int(meta.get("size", 0)), int(meta.get("chunks", 0))
         subj = self.chunk_subject(meta.get("nuid", ""))
-        h = hashlib.sha256()
+        h = _check_for(meta)
         view = memoryview(out)
         off, got, seq = 0, 0, 0
         chunk = int((meta.get("options") or {}).get("max_chunk_size") or CHUNK_SIZE)
@@ -590,9 +646,9 @@ class ObjectStore:
                 self.conn.wait_connected(max(0.0, deadline - time.monotonic()))
         if off != size or got != chunks:
             raise ObjectStoreError("object %r: read %d bytes in %d chunks, meta says %d in %d" % (meta.get("name"), off, got, size, chunks))
-        want = meta.get("digest", "")
-        if want and parse_digest(want) != h.digest():
-            raise ObjectStoreError("object %r does not match its digest" % meta.get("name"))
+        if not _checked(meta, h):
+            what = "CRC-32" if crc_of(meta) is not None else "digest"
+            raise ObjectStoreError("object %r does not match its %s" % (meta.get("name"), what))
 
     def follow(self, name: str, nuid: str, timeout: Optional[float] = None,
                size: Optional[int] = None) -> Tuple[Union[bytearray, memoryview], dict]:
@@ -617,11 +673,10 @@ class ObjectStore:
             meta = self.wait(name, timeout)
         finally:
             self.conn.unsubscribe(sub)
-            digest = f.finish()
+            crc = f.finish()
         chunks = int(meta.get("chunks", 0))
-        want = meta.get("digest", "")
-        if (meta.get("nuid") != nuid or digest is None or f.next != chunks or int(meta.get("size", -1)) != size
-                or not want or parse_digest(want) != digest):
+        if (meta.get("nuid") != nuid or crc is None or f.next != chunks or int(meta.get("size", -1)) != size
+                or not _checked_live(meta, crc, out)):
             return self.get(name, meta), meta
         return out, meta
 
@@ -655,7 +710,7 @@ class ObjectStore:
             return self.get(name, meta), meta
         out = bytearray(size)
         view = memoryview(out)
-        h = hashlib.sha256()
+        h = _Crc()
         off, seq = 0, 0
         if first > 0:  # the chunks stored before the subscription, from the stream
             got = 0
@@ -677,8 +732,7 @@ class ObjectStore:
             view[off : off + len(d)] = d
             h.update(d)
             off += len(d)
-        want = meta.get("digest", "")
-        if off != size or (want and parse_digest(want) != h.digest()):
+        if off != size or not _checked_live(meta, h.value, out):
             return self.get(name, meta), meta
         return out, meta
 
@@ -743,11 +797,16 @@ class ObjectStore:
         chunk_size = max(1, min(chunk_size, self.conn.max_payload - 1024))
         chunks = (size + chunk_size - 1) // chunk_size
         digest: List[bytes] = [sha256] if sha256 is not None else []
+        crc: List[int] = []
         hasher: Optional[threading.Thread] = None
         if not digest:
-            # hashlib lets go of the GIL while it hashes a large buffer.
-            hasher = threading.Thread(target=lambda: digest.append(hashlib.sha256(mv).digest()),
-                                      name="jetfabric-sha256", daemon=True)
+            # hashlib and zlib let go of the GIL while they hash a large
+            # buffer. The CRC-32 goes in the meta's headers for readers
+            # (CRC_HEADER); a caller that gives the digest gets none.
+            def hash_all() -> None:
+                digest.append(hashlib.sha256(mv).digest())  # first: it may name the object
+                crc.append(zlib.crc32(mv))
+            hasher = threading.Thread(target=hash_all, name="jetfabric-sha256", daemon=True)
             hasher.start()
         w = _Write(self, nuid or secrets.token_hex(16), name if isinstance(name, str) else None, size)
         try:
@@ -772,8 +831,10 @@ class ObjectStore:
                     w.restart(r, retries)
             meta: dict = {"name": w.final, "bucket": self.bucket, "nuid": w.nuid, "size": size, "mtime": _now(),
                           "chunks": chunks, "digest": digest_string(digest[0]), "options": {"max_chunk_size": chunk_size}}
-            if headers:
-                meta["headers"] = headers
+            if headers or crc:
+                meta["headers"] = dict(headers or {})
+                if crc:
+                    meta["headers"][CRC_HEADER] = ["%08x" % crc[0]]
             self._publish_meta(meta, retries)
             w.drop_abandoned()
             return meta

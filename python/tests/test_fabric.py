@@ -430,6 +430,31 @@ class TestObjectStore(FabricTest):
         with self.assertRaises(jetfabric.UnavailableError):
             self.s.op("upload", [], dtype="u8", shape=(4,), attrs={"dtype": "u8", "shape": [4], "object": name}).tolist()
 
+    def test_crc32(self):
+        """put writes the data's CRC-32 in the meta's headers (none when the
+        digest is given), and get checks it instead of the digest where it
+        is well formed; a malformed one is ignored and the digest checked."""
+        import zlib
+        store = fab.objects
+        data = os.urandom(300_000)
+        name = "pytest-crc-" + secrets.token_hex(8)
+        meta = store.put(name, data, chunk_size=100_000)
+        self.assertEqual(meta["headers"]["Jetfabric-Crc32"], ["%08x" % zlib.crc32(data)])
+        self.assertEqual(store.info(name)["headers"]["Jetfabric-Crc32"], ["%08x" % zlib.crc32(data)])
+        given = store.put(name + "-given", data, sha256=hashlib.sha256(data).digest())
+        self.assertNotIn("Jetfabric-Crc32", given.get("headers") or {})
+        wrong = jetfabric.objectstore.digest_string(hashlib.sha256(b"other").digest())
+        for crc, digest, ok in (("%08x" % zlib.crc32(data), wrong, True), ("0badf00d", meta["digest"], False),
+                                ("0badf00g", meta["digest"], True), ("0badf00g", wrong, False)):
+            store._publish_meta(dict(meta, digest=digest, headers={"Jetfabric-Crc32": [crc]}))
+            if ok:
+                self.assertEqual(bytes(store.get(name)), data, (crc, digest))
+            else:
+                with self.assertRaisesRegex(jetfabric.ObjectStoreError, "does not match", msg=(crc, digest)):
+                    store.get(name)
+        store.delete(name)
+        store.delete(name + "-given")
+
 
     def test_follow(self):
         """A reader following a write takes the chunks live into place; those
