@@ -44,6 +44,9 @@ func TestCRC32(t *testing.T) {
 		if got, err := e.obs.GetBytes(ctx, name); err != nil || !bytes.Equal(got, d) {
 			t.Errorf("%d bytes: nats.go get: %v", len(d), err)
 		}
+		if got, _, err := s.Get(ctx, name); err != nil || !bytes.Equal(got, d) {
+			t.Errorf("%d bytes: get: %v", len(d), err)
+		}
 	}
 	if _, err := s.Put(ctx, "given", data, nil, objectstore.WithSHA256(sha256.Sum256(data))); err != nil {
 		t.Fatal(err)
