@@ -68,6 +68,31 @@ func quantile(l []time.Duration, q float64) time.Duration {
 	return l[min(len(l)-1, int(q*float64(len(l))))]
 }
 
+// benchDevice opens the device of one worker of a checkpoint benchmark:
+// each worker gets a backend of its own, since a worker closes its
+// backends when it stops.
+type benchDevice struct {
+	kind string
+	open func(testing.TB) worker.Device
+}
+
+// benchDevices are the devices the checkpoint benchmarks run on, one
+// sub-benchmark each: a CPU device, and a GPU where there is one
+// (benchGPU, set by a cgo build).
+func benchDevices(b *testing.B) []benchDevice {
+	devs := []benchDevice{{"cpu", func(testing.TB) worker.Device { return workertest.CPUs(1)[0] }}}
+	if benchGPU != nil {
+		if open, ok := benchGPU(b); ok {
+			devs = append(devs, benchDevice{"gpu", open})
+		}
+	}
+	return devs
+}
+
+// benchGPU returns the opener of GPU 0 for the benchmark b, false where
+// there is none.
+var benchGPU func(b *testing.B) (func(testing.TB) worker.Device, bool)
+
 // BenchmarkCheckpoint measures what checkpoints cost the sessions of a
 // device: the p99 of tiny op + read round trips of one session while
 // another session's tensors (tensors of 32 MiB, all new at every
@@ -75,11 +100,17 @@ func quantile(l []time.Duration, q float64) time.Duration {
 // checkpoint; and the checkpoint write throughput beside the object
 // store's Put throughput of as many bytes to the same bucket, the two
 // taken in turns. One iteration is one checkpoint and one round of Puts
-// (with the reads paused).
+// (with the reads paused). On a CPU device and, where there is one, a GPU.
 func BenchmarkCheckpoint(b *testing.B) {
+	for _, d := range benchDevices(b) {
+		b.Run(d.kind, func(b *testing.B) { benchCheckpoint(b, d.open(b)) })
+	}
+}
+
+func benchCheckpoint(b *testing.B, dev worker.Device) {
 	const tensors, elems = 8, 8 << 20 // f32: 8 x 32 MiB
 	br := brokertest.Run(b)
-	w := workertest.Run(b, br, workertest.CPUs(1), func(c *worker.Config) {
+	w := workertest.Run(b, br, []worker.Device{dev}, func(c *worker.Config) {
 		c.CheckpointInterval = 0
 		c.Logf = nil
 	})
@@ -89,11 +120,12 @@ func BenchmarkCheckpoint(b *testing.B) {
 	}
 	defer c.Close()
 	ctx := context.Background()
-	big, err := c.Open(ctx, "cpu-0")
+	series := func(name string) string { return name + `{device="` + dev.Name + `"}` }
+	big, err := c.Open(ctx, dev.Name)
 	if err != nil {
 		b.Fatal(err)
 	}
-	small, err := c.Open(ctx, "cpu-0")
+	small, err := c.Open(ctx, dev.Name)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -137,9 +169,9 @@ func BenchmarkCheckpoint(b *testing.B) {
 	var derr error
 	var wg sync.WaitGroup
 	wg.Go(func() { during, derr = latencies(ctx, small, &pause, stop) })
-	count := func() float64 { return metricValue(b, w, `jetfabric_device_checkpoints_total{device="cpu-0"}`) }
-	secs0 := metricValue(b, w, `jetfabric_device_checkpoint_seconds_total{device="cpu-0"}`)
-	snap0 := metricValue(b, w, `jetfabric_device_checkpoint_snapshot_seconds_total{device="cpu-0"}`)
+	count := func() float64 { return metricValue(b, w, series("jetfabric_device_checkpoints_total")) }
+	secs0 := metricValue(b, w, series("jetfabric_device_checkpoint_seconds_total"))
+	snap0 := metricValue(b, w, series("jetfabric_device_checkpoint_snapshot_seconds_total"))
 	var written, putSecs float64
 	b.ResetTimer()
 	for b.Loop() {
@@ -165,7 +197,7 @@ func BenchmarkCheckpoint(b *testing.B) {
 		for count() == n {
 			time.Sleep(2 * time.Millisecond)
 		}
-		written += metricValue(b, w, `jetfabric_device_checkpoint_bytes{device="cpu-0"}`)
+		written += metricValue(b, w, series("jetfabric_device_checkpoint_bytes"))
 
 		pause.Lock()
 		t0 := time.Now()
@@ -184,12 +216,12 @@ func BenchmarkCheckpoint(b *testing.B) {
 	if derr != nil {
 		b.Fatal(derr)
 	}
-	ckptSecs := metricValue(b, w, `jetfabric_device_checkpoint_seconds_total{device="cpu-0"}`) - secs0
+	ckptSecs := metricValue(b, w, series("jetfabric_device_checkpoint_seconds_total")) - secs0
 	for i := range tensors {
 		_ = store.Delete(ctx, fmt.Sprintf("bench-put-%d", i))
 	}
 
-	snapSecs := metricValue(b, w, `jetfabric_device_checkpoint_snapshot_seconds_total{device="cpu-0"}`) - snap0
+	snapSecs := metricValue(b, w, series("jetfabric_device_checkpoint_snapshot_seconds_total")) - snap0
 	b.ReportMetric(snapSecs*1e3/float64(b.N), "snapshot-ms")
 	ckptMBs := written / 1e6 / ckptSecs
 	putMBs := float64(b.N*tensors*4*elems) / 1e6 / putSecs
@@ -255,28 +287,39 @@ func BenchmarkCheckpointSnapshot(b *testing.B) {
 }
 
 // BenchmarkRestore measures a takeover's restore of a device whose
-// checkpoint holds 8 tensors of 32 MiB: from a worker's Start to its
-// device serving. One iteration is one worker started and stopped.
+// checkpoint holds 8 tensors of 32 MiB: from a worker's Start to the sums
+// of all its tensors read (a device serves once it has read the manifest,
+// and reads the tensors after; the sums wait for them). One iteration is
+// one worker started and stopped. On a CPU device and, where there is
+// one, a GPU.
 func BenchmarkRestore(b *testing.B) {
+	for _, d := range benchDevices(b) {
+		b.Run(d.kind, func(b *testing.B) { benchRestore(b, d) })
+	}
+}
+
+func benchRestore(b *testing.B, bd benchDevice) {
 	const tensors, elems = 8, 8 << 20
 	br := brokertest.Run(b)
 	quiet := func(c *worker.Config) {
 		c.CheckpointInterval = 0
 		c.Logf = nil
 	}
-	first := workertest.Run(b, br, workertest.CPUs(1), quiet)
+	dev := bd.open(b)
+	first := workertest.Run(b, br, []worker.Device{dev}, quiet)
 	c, err := client.Connect(br.ClientURL())
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer c.Close()
 	ctx := context.Background()
-	s, err := c.Open(ctx, "cpu-0")
+	s, err := c.Open(ctx, dev.Name)
 	if err != nil {
 		b.Fatal(err)
 	}
-	for range tensors {
-		s.Uniform([]int{elems}, -1, 1)
+	held := make([]*client.Tensor, tensors)
+	for i := range held {
+		held[i] = s.Uniform([]int{elems}, -1, 1)
 	}
 	if err := s.Sync(ctx); err != nil {
 		b.Fatal(err)
@@ -286,12 +329,15 @@ func BenchmarkRestore(b *testing.B) {
 	}
 	b.SetBytes(tensors * 4 * elems)
 	for b.Loop() {
+		b.StopTimer()
+		dev := bd.open(b)
+		b.StartTimer()
 		nc, err := nats.Connect(br.ClientURL())
 		if err != nil {
 			b.Fatal(err)
 		}
 		cfg := worker.DefaultConfig()
-		cfg.Devices = workertest.CPUs(1)
+		cfg.Devices = []worker.Device{dev}
 		quiet(&cfg)
 		w, err := worker.New(nc, cfg)
 		if err != nil {
@@ -300,7 +346,22 @@ func BenchmarkRestore(b *testing.B) {
 		if err := w.Start(ctx); err != nil {
 			b.Fatal(err)
 		}
+		sums := make([]*client.Tensor, tensors)
+		for i, t := range held {
+			sums[i] = t.Sum()
+		}
+		for _, t := range sums {
+			if _, err := t.Float32s(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
 		b.StopTimer()
+		for _, t := range sums {
+			t.Free()
+		}
+		if err := s.Sync(ctx); err != nil {
+			b.Fatal(err)
+		}
 		if err := w.Stop(ctx); err != nil {
 			b.Fatal(err)
 		}
