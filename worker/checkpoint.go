@@ -381,7 +381,6 @@ func (d *device) writeCheckpoint(ctx context.Context, snap *ckptSnapshot) (ref *
 		}
 	}()
 	var wrote int64
-	var staged []byte // a download of a tensor the host cannot read, reused
 	for i := range snap.sessions {
 		ss := &snap.sessions[i]
 		cs := ss.ckptSession
@@ -393,13 +392,15 @@ func (d *device) writeCheckpoint(ctx context.Context, snap *ckptSnapshot) (ref *
 				ct.Data = snap.small[st.off : st.off+st.n]
 			}
 			if st.pinned { // a large new tensor: the writer stores it
-				data := st.data
+				data, give := st.data, func() {}
 				if data == nil {
-					staged = slices.Grow(staged[:0], st.t.Bytes())[:st.t.Bytes()]
-					if err := d.cfg.Backend.Download(staged, st.t.Buf); err != nil {
+					// A tensor the host cannot read: downloaded into host
+					// memory (pinned where the backend lends it).
+					data, give = d.hostBuffer(st.t.Bytes())
+					if err := d.cfg.Backend.Download(data, st.t.Buf); err != nil {
+						give()
 						return nil, fmt.Errorf("worker: checkpoint %s: download tensor %d: %w", d.cfg.Name, st.id, err)
 					}
-					data = staged
 				}
 				// The object is named by the digest computed beside the
 				// write; bytes stored under that name already (the same
@@ -408,6 +409,7 @@ func (d *device) writeCheckpoint(ctx context.Context, snap *ckptSnapshot) (ref *
 					objectstore.WithNameFromDigest(func(sum [sha256.Size]byte) string {
 						return tensorObject(d.cfg.Name, hex.EncodeToString(sum[:]))
 					}), objectstore.WithYield(d.giveWay))
+				give()
 				if err != nil {
 					return nil, fmt.Errorf("worker: checkpoint %s: store tensor %d: %w", d.cfg.Name, st.id, err)
 				}
@@ -676,13 +678,14 @@ func (d *device) restoreTensor(magic string, ct ckptTensor, data []byte) (t *ker
 	// restore.go): the step down frees it if the read fails.
 	return t, func(ctx context.Context) error {
 		name := tensorObject(d.cfg.Name, ct.Digest)
-		var info objectstore.Info
-		var err error
-		if h := hostView(t); h != nil {
-			info, err = d.w.ckpt.GetInto(ctx, name, h)
-		} else if src, info, err = d.w.ckpt.Get(ctx, name); err == nil && info.Size != int64(n) {
-			err = fmt.Errorf("object %s holds %d bytes, %d needed", name, info.Size, n)
+		dst := hostView(t)
+		if dst == nil { // read into host memory (pinned where the backend lends it), then upload
+			var give func()
+			src, give = d.hostBuffer(n)
+			defer give()
+			dst = src
 		}
+		info, err := d.w.ckpt.GetInto(ctx, name, dst)
 		if err == nil && info.SHA256 != ct.Digest {
 			err = fmt.Errorf("object %s has digest %s, the manifest names %s", name, info.SHA256, ct.Digest)
 		}
