@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -29,12 +28,13 @@ import (
 //
 //   - The device loop takes a snapshot, in O(tensors): tensors are
 //     immutable once written, so the snapshot holds references, not
-//     copies. Small tensors are copied into the manifest; a large tensor
-//     already in the last committed checkpoint is named by its digest; a
-//     new large one is pinned (a free waits until the writer is done with
-//     it, see memory.go); the writer reads it, from host memory or, on a
-//     backend whose memory the host cannot read (a GPU), by a download of
-//     its own, beside the loop.
+//     copies. Small tensors in host memory are copied into the manifest;
+//     a large tensor already in the last committed checkpoint is named by
+//     its digest; any other is pinned (a free waits until the writer is
+//     done with it, see memory.go), and the writer reads it, from host
+//     memory or, on a backend whose memory the host cannot read (a GPU),
+//     by a download of its own, beside the loop: a snapshot never waits
+//     for the device.
 //   - A writer goroutine hashes each new large tensor and writes it as the
 //     object ckpt-<device>-t-<sha256> in FABRIC_CKPT, unless an object of
 //     that digest is already there; then the manifest as
@@ -166,7 +166,9 @@ type snapTensor struct {
 	digest string // known: in the last committed checkpoint
 	// data is a large new tensor's bytes for the writer to hash and
 	// store: its host memory (pinned); nil with pinned set, the writer
-	// downloads them.
+	// downloads them. A small tensor that is pinned (n > 0) is one the
+	// host cannot read: the writer downloads it into the manifest, so that
+	// the loop does not wait for a download of each (on a GPU, a sync).
 	data   []byte
 	pinned bool
 }
@@ -289,7 +291,6 @@ func (d *device) snapshot(ctx context.Context) (*ckptSnapshot, error) {
 			snap.buckets[tn] = ckptBucket{Tokens: u.tokens, At: u.at.UnixNano()}
 		}
 	}
-	b := d.cfg.Backend
 	for _, s := range d.sessions {
 		ss := snapSession{ckptSession: ckptSession{ID: s.id, Seed: s.seed, Frame: s.frame, Pending: append([]codec.Error(nil), s.pending...)}}
 		ss.tensors = make([]snapTensor, 0, s.tensors.len())
@@ -302,16 +303,13 @@ func (d *device) snapshot(ctx context.Context) (*ckptSnapshot, error) {
 			n := e.t.Bytes()
 			switch dg, known := digests[e.t]; {
 			case n <= ckptInline:
-				st.off, st.n = len(snap.small), n
+				st.n = n
 				if h := hostView(e.t); h != nil {
+					st.off = len(snap.small)
 					snap.small = append(snap.small, h...)
 				} else {
-					snap.small = slices.Grow(snap.small, n)[:len(snap.small)+n]
-					if err := b.Download(snap.small[st.off:], e.t.Buf); err != nil {
-						d.unpinTensors(ss.tensors)
-						d.unpinSnapshot(snap)
-						return nil, fmt.Errorf("worker: checkpoint %s: download tensor %d: %w", d.cfg.Name, id, err)
-					}
+					d.mem.pin(e.t.Buf) // downloaded by the writer
+					st.pinned = true
 				}
 			case known:
 				st.digest = dg
@@ -388,7 +386,15 @@ func (d *device) writeCheckpoint(ctx context.Context, snap *ckptSnapshot) (ref *
 		for j := range ss.tensors {
 			st := &ss.tensors[j]
 			ct := ckptTensor{ID: st.id, DType: uint8(st.t.DType), Shape: st.t.Shape, Digest: st.digest}
-			if st.n > 0 {
+			switch {
+			case st.n > 0 && st.pinned: // small, in memory the host cannot read
+				ct.Data = make([]byte, st.n)
+				if err := d.cfg.Backend.Download(ct.Data, st.t.Buf); err != nil {
+					return nil, fmt.Errorf("worker: checkpoint %s: download tensor %d: %w", d.cfg.Name, st.id, err)
+				}
+				d.mem.unpin(st.t.Buf)
+				st.pinned = false
+			case st.n > 0:
 				ct.Data = snap.small[st.off : st.off+st.n]
 			}
 			if st.pinned { // a large new tensor: the writer stores it

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net/http/httptest"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -38,6 +39,12 @@ type lender struct {
 	out         map[*byte]int // lent buffers by first byte: their size
 	fromLent    int           // uploads from a lent buffer
 	intoLent    int           // downloads into one
+
+	// Downloads of holdSize bytes wait until gate is closed; held counts
+	// those that came.
+	holdSize int
+	gate     chan struct{}
+	held     atomic.Int32
 }
 
 func newLender(refuse bool) *lender {
@@ -102,6 +109,10 @@ func (l *lender) Upload(dst kernels.Buffer, src []byte) error {
 }
 
 func (l *lender) Download(dst []byte, src kernels.Buffer) error {
+	if l.gate != nil && len(dst) == l.holdSize {
+		l.held.Add(1)
+		<-l.gate
+	}
 	if len(dst) > 0 && l.isLent(dst) {
 		l.mu.Lock()
 		l.intoLent++
@@ -258,5 +269,88 @@ func TestHostBufferSizeRefused(t *testing.T) {
 	}
 	if lent, given, from, _, out := be.counts(); lent != 1 || given != 1 || from != 1 || out != 0 {
 		t.Errorf("%d host buffers lent, %d given back, %d still out, %d uploads from one; want 1, 1, 0, 1 (the 20 MiB upload)", lent, given, out, from)
+	}
+}
+
+// TestCheckpointSmallOpaque: on a backend whose memory the host cannot
+// read (a GPU), a checkpoint's small tensors are downloaded by its writer,
+// not by the device loop: while those downloads are held, the device goes
+// on running another session's frames. Released, the checkpoint commits,
+// and another worker restores the same bits.
+func TestCheckpointSmallOpaque(t *testing.T) {
+	const small, size = 40, 1000
+	b := brokertest.Run(t)
+	be := newLender(false)
+	be.holdSize, be.gate = size, make(chan struct{})
+	release := sync.OnceFunc(func() { close(be.gate) })
+	defer release()
+	w := startWorker(t, b, func(c *worker.Config) { c.Devices[0].Backend = be; c.CheckpointInterval = 0 })
+	srv := httptest.NewServer(w.MetricsHandler())
+	defer srv.Close()
+	c, err := client.Connect(b.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s, err := c.Open(ctx, "cpu-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := make([][]byte, small)
+	held := make([]*client.Tensor, small)
+	for i := range held {
+		want[i] = bytes.Repeat([]byte{byte(i + 1)}, size)
+		if held[i], err = s.Upload(ctx, "u8", []int{size}, want[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Checkpoint()
+	if err := s.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, time.Minute, 5*time.Millisecond, func() error {
+		if be.held.Load() == 0 {
+			return errors.New("the checkpoint's writer has not come to a small tensor yet")
+		}
+		return nil
+	})
+	// The writer waits in a download: the loop serves another session.
+	other, err := c.Open(ctx, "cpu-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	octx, ocancel := context.WithTimeout(ctx, 30*time.Second)
+	v, err := other.Full([]int{2}, 3).Sum().Float32s(octx)
+	ocancel()
+	if err != nil || len(v) != 1 || v[0] != 6 {
+		t.Fatalf("another session while the checkpoint's downloads are held: %v, %v (the loop waits for them?)", v, err)
+	}
+	if n := scrape(t, srv.URL)[`jetfabric_device_checkpoints_total{device="cpu-0"}`]; n != 0 {
+		t.Fatalf("%v checkpoints committed with the downloads held", n)
+	}
+	release()
+	checkFor(t, time.Minute, 20*time.Millisecond, func() error {
+		if n := scrape(t, srv.URL)[`jetfabric_device_checkpoints_total{device="cpu-0"}`]; n < 1 {
+			return errors.New("no checkpoint yet")
+		}
+		return nil
+	})
+	if got := int(be.held.Load()); got != small {
+		t.Errorf("%d small tensors downloaded for the checkpoint, want %d", got, small)
+	}
+	if err := w.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	startWorker(t, b, func(c *worker.Config) { c.Devices[0].Backend = newLender(false); c.ID = "second" })
+	for i, x := range held {
+		got, err := x.Read(ctx)
+		if err != nil {
+			t.Fatalf("tensor %d after the takeover: %v", i, err)
+		}
+		if !bytes.Equal(got.Bytes, want[i]) {
+			t.Fatalf("tensor %d restored differs", i)
+		}
 	}
 }
