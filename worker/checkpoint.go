@@ -167,8 +167,9 @@ type snapTensor struct {
 	// data is a large new tensor's bytes for the writer to hash and
 	// store: its host memory (pinned); nil with pinned set, the writer
 	// downloads them. A small tensor that is pinned (n > 0) is one the
-	// host cannot read: the writer downloads it into the manifest, so that
-	// the loop does not wait for a download of each (on a GPU, a sync).
+	// host cannot read: the writer downloads it (downloadSmall) into data,
+	// so that the loop does not wait for a download of each (on a GPU, a
+	// sync).
 	data   []byte
 	pinned bool
 }
@@ -340,6 +341,54 @@ func (d *device) unpinTensors(ts []snapTensor) {
 	}
 }
 
+// manyDownloader is a backend that brings many buffers back in one call
+// (the CUDA backend: a sync for every few MiB of them, not one each).
+type manyDownloader interface {
+	DownloadMany(dsts [][]byte, srcs []kernels.Buffer) error
+}
+
+// downloadSmall downloads the snapshot's small tensors that the host
+// cannot read (pinned by the snapshot) into one block of host memory,
+// gives each its slice of it as data, and unpins them. Writer only.
+func (d *device) downloadSmall(snap *ckptSnapshot) error {
+	var sts []*snapTensor
+	total := 0
+	for i := range snap.sessions {
+		for j := range snap.sessions[i].tensors {
+			if st := &snap.sessions[i].tensors[j]; st.pinned && st.n > 0 {
+				sts = append(sts, st)
+				total += st.n
+			}
+		}
+	}
+	if len(sts) == 0 {
+		return nil
+	}
+	block := make([]byte, total)
+	dsts, srcs := make([][]byte, len(sts)), make([]kernels.Buffer, len(sts))
+	off := 0
+	for i, st := range sts {
+		dsts[i], srcs[i] = block[off:off+st.n:off+st.n], st.t.Buf
+		off += st.n
+	}
+	if m, ok := d.cfg.Backend.(manyDownloader); ok {
+		if err := m.DownloadMany(dsts, srcs); err != nil {
+			return fmt.Errorf("download %d small tensors: %w", len(sts), err)
+		}
+	} else {
+		for i, st := range sts {
+			if err := d.cfg.Backend.Download(dsts[i], srcs[i]); err != nil {
+				return fmt.Errorf("download tensor %d: %w", st.id, err)
+			}
+		}
+	}
+	for i, st := range sts {
+		d.mem.unpin(st.t.Buf)
+		st.pinned, st.data = false, dsts[i]
+	}
+	return nil
+}
+
 // testHookCheckpointWrite, when set (by tests, before a worker starts),
 // runs at the start of every checkpoint write.
 var testHookCheckpointWrite func(device string)
@@ -378,6 +427,9 @@ func (d *device) writeCheckpoint(ctx context.Context, snap *ckptSnapshot) (ref *
 			d.ck.swept = false
 		}
 	}()
+	if err := d.downloadSmall(snap); err != nil {
+		return nil, fmt.Errorf("worker: checkpoint %s: %w", d.cfg.Name, err)
+	}
 	var wrote int64
 	for i := range snap.sessions {
 		ss := &snap.sessions[i]
@@ -387,13 +439,8 @@ func (d *device) writeCheckpoint(ctx context.Context, snap *ckptSnapshot) (ref *
 			st := &ss.tensors[j]
 			ct := ckptTensor{ID: st.id, DType: uint8(st.t.DType), Shape: st.t.Shape, Digest: st.digest}
 			switch {
-			case st.n > 0 && st.pinned: // small, in memory the host cannot read
-				ct.Data = make([]byte, st.n)
-				if err := d.cfg.Backend.Download(ct.Data, st.t.Buf); err != nil {
-					return nil, fmt.Errorf("worker: checkpoint %s: download tensor %d: %w", d.cfg.Name, st.id, err)
-				}
-				d.mem.unpin(st.t.Buf)
-				st.pinned = false
+			case st.n > 0 && st.data != nil: // downloaded by downloadSmall
+				ct.Data = st.data
 			case st.n > 0:
 				ct.Data = snap.small[st.off : st.off+st.n]
 			}

@@ -190,8 +190,8 @@ func TestGPUPrograms(t *testing.T) {
 	checkPrograms(t, w, c, "gpu-0", false)
 }
 
-// TestGPUCheckpoint: a GPU session holding tensors of 32 and 12 MiB and a
-// small one is checkpointed, its worker stopped, and another GPU worker
+// TestGPUCheckpoint: a GPU session holding tensors of 32 and 12 MiB and
+// hundreds of small ones is checkpointed, its worker stopped, and another GPU worker
 // restores it: the same bits read back, and the next op runs on them.
 func TestGPUCheckpoint(t *testing.T) {
 	b := brokertest.Run(t)
@@ -225,6 +225,16 @@ func TestGPUCheckpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	held := []*client.Tensor{s.Uniform([]int{8 << 20}, -1, 1), up, s.Uniform([]int{3, 5}, -1, 1)}
+	// Small tensors, more than a staging buffer holds in all: the
+	// checkpoint's writer downloads them in one call.
+	for i := range 200 {
+		n := 40<<10 + i*97
+		u, err := s.Upload(ctx, "u8", []int{n}, data[i:i+n])
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, u, s.Uniform([]int{n / 4}, -1, 1))
+	}
 	before := make([][]byte, len(held))
 	for i, x := range held {
 		d, err := x.Read(ctx)

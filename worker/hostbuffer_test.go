@@ -272,19 +272,48 @@ func TestHostBufferSizeRefused(t *testing.T) {
 	}
 }
 
+// batchLender is a lender that also downloads many buffers in one call,
+// as the CUDA backend does; it counts those calls.
+type batchLender struct {
+	*lender
+	batches atomic.Int32
+}
+
+func (l *batchLender) DownloadMany(dsts [][]byte, srcs []kernels.Buffer) error {
+	l.batches.Add(1)
+	for i := range dsts {
+		if err := l.Download(dsts[i], srcs[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // TestCheckpointSmallOpaque: on a backend whose memory the host cannot
 // read (a GPU), a checkpoint's small tensors are downloaded by its writer,
-// not by the device loop: while those downloads are held, the device goes
-// on running another session's frames. Released, the checkpoint commits,
-// and another worker restores the same bits.
+// not by the device loop (in one call where the backend takes many): while
+// those downloads are held, the device goes on running another session's
+// frames. Released, the checkpoint commits, and another worker restores
+// the same bits.
 func TestCheckpointSmallOpaque(t *testing.T) {
+	for _, batch := range []bool{false, true} {
+		t.Run(fmt.Sprintf("batch %v", batch), func(t *testing.T) { testCheckpointSmallOpaque(t, batch) })
+	}
+}
+
+func testCheckpointSmallOpaque(t *testing.T, batch bool) {
 	const small, size = 40, 1000
 	b := brokertest.Run(t)
 	be := newLender(false)
 	be.holdSize, be.gate = size, make(chan struct{})
 	release := sync.OnceFunc(func() { close(be.gate) })
 	defer release()
-	w := startWorker(t, b, func(c *worker.Config) { c.Devices[0].Backend = be; c.CheckpointInterval = 0 })
+	var backend kernels.Backend = be
+	bl := &batchLender{lender: be}
+	if batch {
+		backend = bl
+	}
+	w := startWorker(t, b, func(c *worker.Config) { c.Devices[0].Backend = backend; c.CheckpointInterval = 0 })
 	srv := httptest.NewServer(w.MetricsHandler())
 	defer srv.Close()
 	c, err := client.Connect(b.ClientURL())
@@ -339,6 +368,9 @@ func TestCheckpointSmallOpaque(t *testing.T) {
 	})
 	if got := int(be.held.Load()); got != small {
 		t.Errorf("%d small tensors downloaded for the checkpoint, want %d", got, small)
+	}
+	if want := map[bool]int32{false: 0, true: 1}[batch]; bl.batches.Load() != want {
+		t.Errorf("%d calls to download many, want %d", bl.batches.Load(), want)
 	}
 	if err := w.Stop(ctx); err != nil {
 		t.Fatal(err)

@@ -452,6 +452,82 @@ func (b *Backend) Download(dst []byte, src kernels.Buffer) error {
 	})
 }
 
+// DownloadMany copies the first len(dsts[i]) bytes of srcs[i] into dsts[i]
+// for every i, after all work queued before it, as Download does for one;
+// copies of up to stageBytes are packed together into the staging buffers
+// and waited for once a buffer is full, not once each, so that many small
+// tensors come back in a few syncs. A dst over stageBytes is refused with
+// an error wrapping kernels.ErrShape, before anything is copied.
+func (b *Backend) DownloadMany(dsts [][]byte, srcs []kernels.Buffer) error {
+	if len(dsts) != len(srcs) {
+		return fmt.Errorf("cuda: download many: %d destinations for %d buffers: %w", len(dsts), len(srcs), kernels.ErrShape)
+	}
+	for i, dst := range dsts {
+		if len(dst) > stageBytes {
+			return fmt.Errorf("cuda: download many: destination %d is %d bytes, over %d: %w", i, len(dst), stageBytes, kernels.ErrShape)
+		}
+	}
+	return b.do(func() error {
+		b.notRecordable("a download")
+		if err := b.takeAsync(); err != nil {
+			return err
+		}
+		type packed struct{ i, off int }
+		var (
+			st   *stage
+			pend []packed
+			used int
+		)
+		flush := func() error {
+			if st == nil || len(pend) == 0 {
+				return nil
+			}
+			if err := eventRecord(st.ev, b.stream); err != nil {
+				return err
+			}
+			if err := eventSync(st.ev); err != nil {
+				return err
+			}
+			for _, p := range pend {
+				copy(dsts[p.i], st.bytes(p.off + len(dsts[p.i]))[p.off:])
+			}
+			pend, used = pend[:0], 0
+			return nil
+		}
+		// On a failure, copies already queued into the stage must land
+		// before another transfer takes it.
+		fail := func(err error) error {
+			if st != nil && len(pend) > 0 && eventRecord(st.ev, b.stream) == nil {
+				_ = eventSync(st.ev)
+			}
+			return err
+		}
+		for i, dst := range dsts {
+			if len(dst) == 0 {
+				continue
+			}
+			d, err := b.own(srcs[i], len(dst))
+			if err != nil {
+				return fail(err)
+			}
+			if st == nil || used+len(dst) > stageBytes {
+				if err := flush(); err != nil {
+					return fail(err)
+				}
+				if st, err = b.stage.take(); err != nil {
+					return err
+				}
+			}
+			if err := memcpyDtoH(unsafe.Add(st.host, used), d.ptr, len(dst), b.stream); err != nil {
+				return fail(err)
+			}
+			pend = append(pend, packed{i, used})
+			used += (len(dst) + 255) &^ 255
+		}
+		return flush()
+	})
+}
+
 // Trim gives the driver back the device memory cached for reuse (every
 // cached large block, and every slab none of whose blocks is in use) and
 // returns how many bytes that was; it also frees the pinned host buffers

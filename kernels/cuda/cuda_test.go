@@ -385,6 +385,58 @@ func TestTransfer(t *testing.T) {
 	}
 }
 
+// TestDownloadMany brings back buffers of many sizes, more than a staging
+// buffer holds in all, in one call: each as Download brings it; empty
+// destinations are skipped; bad arguments are refused before any copy.
+func TestDownloadMany(t *testing.T) {
+	b := newBackend(t)
+	r := rand.New(rand.NewPCG(7, 8))
+	var srcs []kernels.Buffer
+	var want, dsts [][]byte
+	total := 0
+	for total < stageBytes*2+777 {
+		n := 1 + r.IntN(64<<10)
+		if len(srcs)%50 == 7 {
+			n = 0
+		}
+		data := make([]byte, n)
+		for i := range data {
+			data[i] = byte(r.Uint32())
+		}
+		buf, err := b.Alloc(max(n, 1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Free(buf)
+		if n > 0 {
+			if err := b.Upload(buf, data); err != nil {
+				t.Fatal(err)
+			}
+		}
+		srcs, want, dsts = append(srcs, buf), append(want, data), append(dsts, make([]byte, n))
+		total += n
+	}
+	if err := b.DownloadMany(dsts, srcs); err != nil {
+		t.Fatal(err)
+	}
+	for i := range dsts {
+		if !bytes.Equal(dsts[i], want[i]) {
+			t.Fatalf("buffer %d of %d (%d bytes) differs", i, len(dsts), len(want[i]))
+		}
+	}
+	if err := b.DownloadMany(dsts[:2], srcs[:1]); !errors.Is(err, kernels.ErrShape) {
+		t.Errorf("2 destinations for 1 buffer: %v, want ErrShape", err)
+	}
+	big, err := b.Alloc(stageBytes + 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Free(big)
+	if err := b.DownloadMany([][]byte{make([]byte, stageBytes+1)}, []kernels.Buffer{big}); !errors.Is(err, kernels.ErrShape) {
+		t.Errorf("a destination over a staging buffer: %v, want ErrShape", err)
+	}
+}
+
 // TestInPlace runs ops whose output is one of their inputs.
 func TestInPlace(t *testing.T) {
 	b := newBackend(t)

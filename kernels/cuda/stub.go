@@ -44,6 +44,9 @@ func (b *Backend) HostBuffer(n int) ([]byte, func(), error) { return nil, nil, E
 // Download returns ErrNoGPU.
 func (b *Backend) Download(dst []byte, src kernels.Buffer) error { return ErrNoGPU }
 
+// DownloadMany returns ErrNoGPU.
+func (b *Backend) DownloadMany(dsts [][]byte, srcs []kernels.Buffer) error { return ErrNoGPU }
+
 // Exec returns ErrNoGPU.
 func (b *Backend) Exec(op *kernels.Op, in, out []*kernels.Tensor) error { return ErrNoGPU }
 
