@@ -250,12 +250,7 @@ func TestGPUCheckpoint(t *testing.T) {
 	if err := s.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
-	checkFor(t, 2*time.Minute, 20*time.Millisecond, func() error {
-		if n := scrape(t, srv.URL)[`jetfabric_device_checkpoints_total{device="gpu-0"}`]; n < 1 {
-			return errors.New("no checkpoint yet")
-		}
-		return nil
-	})
+	waitCheckpoint(t, srv.URL, "gpu-0")
 	if err := w.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -202,12 +202,7 @@ func TestHostBuffers(t *testing.T) {
 		if err := s.Sync(ctx); err != nil {
 			t.Fatal(err)
 		}
-		checkFor(t, time.Minute, 20*time.Millisecond, func() error {
-			if n := scrape(t, srv.URL)[`jetfabric_device_checkpoints_total{device="cpu-0"}`]; n < 1 {
-				return errors.New("no checkpoint yet")
-			}
-			return nil
-		})
+		waitCheckpoint(t, srv.URL, "cpu-0")
 		if err := w.Stop(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -360,12 +355,7 @@ func testCheckpointSmallOpaque(t *testing.T, batch bool) {
 		t.Fatalf("%v checkpoints committed with the downloads held", n)
 	}
 	release()
-	checkFor(t, time.Minute, 20*time.Millisecond, func() error {
-		if n := scrape(t, srv.URL)[`jetfabric_device_checkpoints_total{device="cpu-0"}`]; n < 1 {
-			return errors.New("no checkpoint yet")
-		}
-		return nil
-	})
+	waitCheckpoint(t, srv.URL, "cpu-0")
 	if got := int(be.held.Load()); got != small {
 		t.Errorf("%d small tensors downloaded for the checkpoint, want %d", got, small)
 	}

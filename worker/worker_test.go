@@ -350,6 +350,18 @@ func TestBadConfig(t *testing.T) {
 // checkFor polls fn every step until it returns nil or total passes.
 var checkFor = poll.Until
 
+// waitCheckpoint waits until the worker whose metrics are at url has
+// committed a checkpoint of device.
+func waitCheckpoint(t *testing.T, url, device string) {
+	t.Helper()
+	checkFor(t, 2*time.Minute, 20*time.Millisecond, func() error {
+		if n := scrape(t, url)[`jetfabric_device_checkpoints_total{device="`+device+`"}`]; n < 1 {
+			return errors.New("no checkpoint of " + device + " yet")
+		}
+		return nil
+	})
+}
+
 // TestConsumerLostIsReopened: the device's consumer disappears (its
 // server died with it) and the name the feed would try next is taken (by
 // a conflicting consumer, as a create that timed out on a dead node but
