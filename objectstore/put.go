@@ -76,12 +76,13 @@ const hashBlock = 4 << 20
 const leadChunks = 4
 
 // digest computes the SHA-256 of data and its CRC-32 (for the meta's
-// hdrCRC32) on its own goroutine, so hashing and publishing use two cores. A paced digest (for a writer) hashes chunk
-// by chunk and stays at most leadChunks ahead of the publisher, which
-// waits in ready until the chunk it sends next is hashed: the publisher
-// then copies a chunk that is still in cache, and a slow publisher holds
-// the digest back instead of racing it through memory. Its owner calls
-// wait or stop before returning.
+// hdrCRC32) on its own goroutine, so hashing and publishing use two
+// cores. A paced digest (for a writer) hashes chunk by chunk and stays at
+// most leadChunks ahead of the publisher, which waits in ready until the
+// chunk it sends next is hashed: the publisher then copies a chunk that
+// is still in cache, and a slow publisher holds the digest back instead
+// of racing it through memory. Its owner calls wait or stop before
+// returning.
 type digest struct {
 	data  []byte
 	chunk int

@@ -308,7 +308,7 @@ func (d *device) snapshot(ctx context.Context) (*ckptSnapshot, error) {
 				if h := hostView(e.t); h != nil {
 					st.off = len(snap.small)
 					snap.small = append(snap.small, h...)
-				} else {
+				} else if n > 0 {
 					d.mem.pin(e.t.Buf) // downloaded by the writer
 					st.pinned = true
 				}

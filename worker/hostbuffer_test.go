@@ -330,6 +330,11 @@ func testCheckpointSmallOpaque(t *testing.T, batch bool) {
 			t.Fatal(err)
 		}
 	}
+	empty, err := s.Upload(ctx, "u8", []int{0}, nil) // no bytes: nothing to download
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, want = append(held, empty), append(want, []byte{})
 	s.Checkpoint()
 	if err := s.Sync(ctx); err != nil {
 		t.Fatal(err)
