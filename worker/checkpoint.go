@@ -589,43 +589,53 @@ func (d *device) resetCheckpoints() {
 	d.ck.wanted, d.ck.swept = false, false
 }
 
-// restore loads the device's last committed checkpoint, if any, and returns
-// the sequence it covers.
-func (d *device) restore(ctx context.Context) (uint64, error) {
+// readCheckpoint reads the device's committed checkpoint: its reference,
+// manifest, format (magic) and, in version 1, the tensor bytes after the
+// manifest. A nil ref and no error: no checkpoint is committed.
+func (d *device) readCheckpoint(ctx context.Context) (ref *checkpointRef, man *ckptManifest, magic string, data []byte, err error) {
 	e, err := d.w.ctrl.Get(ctx, subjects.CheckpointKey(d.cfg.Name))
 	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
-		return 0, nil
+		return nil, nil, "", nil, nil
 	} else if err != nil {
-		return 0, fmt.Errorf("worker: %s: read checkpoint: %w", d.cfg.Name, err)
+		return nil, nil, "", nil, fmt.Errorf("worker: %s: read checkpoint: %w", d.cfg.Name, err)
 	}
-	var ref checkpointRef
-	if err := json.Unmarshal(e.Value(), &ref); err != nil {
-		return 0, fmt.Errorf("worker: %s: checkpoint reference: %w", d.cfg.Name, err)
+	ref = new(checkpointRef)
+	if err := json.Unmarshal(e.Value(), ref); err != nil {
+		return nil, nil, "", nil, fmt.Errorf("worker: %s: checkpoint reference: %w", d.cfg.Name, err)
 	}
 	blob, info, err := d.w.ckpt.Get(ctx, ref.Object)
 	if err != nil {
-		return 0, fmt.Errorf("worker: %s: checkpoint object %s: %w", d.cfg.Name, ref.Object, err)
+		return nil, nil, "", nil, fmt.Errorf("worker: %s: checkpoint object %s: %w", d.cfg.Name, ref.Object, err)
 	}
 	if ref.SHA256 != "" && info.SHA256 != ref.SHA256 {
-		return 0, fmt.Errorf("worker: %s: checkpoint object %s has digest %s, committed %s", d.cfg.Name, ref.Object, info.SHA256, ref.SHA256)
+		return nil, nil, "", nil, fmt.Errorf("worker: %s: checkpoint object %s has digest %s, committed %s", d.cfg.Name, ref.Object, info.SHA256, ref.SHA256)
 	}
 	if len(blob) < len(ckptMagic)+8 {
-		return 0, fmt.Errorf("worker: %s: checkpoint object %s is not a checkpoint", d.cfg.Name, ref.Object)
+		return nil, nil, "", nil, fmt.Errorf("worker: %s: checkpoint object %s is not a checkpoint", d.cfg.Name, ref.Object)
 	}
-	magic := string(blob[:len(ckptMagic)])
+	magic = string(blob[:len(ckptMagic)])
 	if magic != ckptMagic && magic != ckptMagicV1 {
-		return 0, fmt.Errorf("worker: %s: checkpoint object %s is not a checkpoint", d.cfg.Name, ref.Object)
+		return nil, nil, "", nil, fmt.Errorf("worker: %s: checkpoint object %s is not a checkpoint", d.cfg.Name, ref.Object)
 	}
 	n := binary.LittleEndian.Uint64(blob[len(ckptMagic):])
 	body := blob[len(ckptMagic)+8:]
 	if n > uint64(len(body)) {
-		return 0, fmt.Errorf("worker: %s: checkpoint %s: manifest of %d bytes in %d", d.cfg.Name, ref.Object, n, len(body))
+		return nil, nil, "", nil, fmt.Errorf("worker: %s: checkpoint %s: manifest of %d bytes in %d", d.cfg.Name, ref.Object, n, len(body))
 	}
-	var man ckptManifest
-	if err := codec.Unmarshal(codec.CBOR, body[:n], &man); err != nil {
-		return 0, fmt.Errorf("worker: %s: checkpoint %s: %w", d.cfg.Name, ref.Object, err)
+	man = new(ckptManifest)
+	if err := codec.Unmarshal(codec.CBOR, body[:n], man); err != nil {
+		return nil, nil, "", nil, fmt.Errorf("worker: %s: checkpoint %s: %w", d.cfg.Name, ref.Object, err)
 	}
-	data := body[n:]
+	return ref, man, magic, body[n:], nil
+}
+
+// restore loads the device's last committed checkpoint, if any, and returns
+// the sequence it covers.
+func (d *device) restore(ctx context.Context) (uint64, error) {
+	ref, man, magic, data, err := d.readCheckpoint(ctx)
+	if err != nil || ref == nil {
+		return 0, err
+	}
 	now := time.Now()
 	digests := map[*kernels.Tensor]string{}
 	objects := map[string]bool{}
@@ -710,6 +720,16 @@ func (d *device) restoreTensor(magic string, ct ckptTensor, data []byte) (t *ker
 		}
 		src = ct.Data
 	}
+	var warm *warmTensor
+	if fromObject {
+		warm = d.takeWarm(ct.Digest, n)
+	}
+	if warm != nil && warm.buf != nil {
+		// Read ahead by this worker as a standby, into the backend's
+		// memory: the tensor is there.
+		d.mem.held.Add(int64(warm.buf.Bytes()))
+		return &kernels.Tensor{Meta: m, Buf: warm.buf}, nil, nil
+	}
 	alloc := d.cfg.Backend.Alloc
 	if u, ok := d.cfg.Backend.(uninitAllocator); ok && fromObject {
 		alloc = u.AllocUninit // the read writes every byte
@@ -729,6 +749,14 @@ func (d *device) restoreTensor(magic string, ct ckptTensor, data []byte) (t *ker
 	}
 	// The tensor is in the session table before it is read (see
 	// restore.go): the step down frees it if the read fails.
+	if warm != nil {
+		// Read ahead into host memory: uploaded beside the loop.
+		return t, func(context.Context) error {
+			d.uploadMu.Lock()
+			defer d.uploadMu.Unlock()
+			return d.cfg.Backend.Upload(buf, warm.host)
+		}, nil
+	}
 	return t, func(ctx context.Context) error {
 		name := tensorObject(d.cfg.Name, ct.Digest)
 		dst := hostView(t)

@@ -110,6 +110,11 @@ type Config struct {
 	// record a replay's device work once and run it again as one program
 	// (the same bits either way; for comparisons).
 	NoPrograms bool
+	// NoReadAhead keeps a standby from reading the tensors of the device's
+	// committed checkpoints ahead of a takeover (see warm.go): a takeover
+	// then reads them all from the object store (for comparisons, or a
+	// standby short of memory).
+	NoReadAhead bool
 	// SyncCollectives runs every collective op to its end before the
 	// device's next op, as on a device whose memory the host cannot
 	// address, instead of beside the device loop (for comparisons).

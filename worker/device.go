@@ -82,6 +82,9 @@ type device struct {
 	lazy     *lazyRestore
 	uploadMu sync.Mutex
 	broken   bool
+	// warm are the tensors a standby read ahead, by digest (warm.go):
+	// warmUp's while the device stands by, the takeover's after it.
+	warm map[string]*warmTensor
 	// consumed are transfer objects this device read last; deleted once a
 	// checkpoint covers the ops that read them.
 	consumed []string
@@ -192,13 +195,22 @@ func (d *device) serve(ready chan<- error) {
 			// past three, another worker has it.
 			actx, acancel = context.WithTimeout(w.ctx, 3*w.cfg.LeaseTTL)
 		}
+		// While another worker holds the lease, its checkpoints are read
+		// ahead for the takeover.
+		wctx, wcancel := context.WithCancel(w.ctx)
+		var warming sync.WaitGroup
 		l, err := acquireLease(actx, w.js, w.ctrl, w.names, d.cfg.Name, leaseValue{Worker: w.cfg.ID, Live: w.live}, w.cfg.LeaseTTL, func(holder string) {
 			if !d.adopting {
 				w.logf("worker: %s: standby, the lease is held by %s", d.cfg.Name, holder)
+				if !w.cfg.NoReadAhead {
+					warming.Go(func() { d.warmUp(wctx) })
+				}
 			}
 			once()
 		})
 		acancel()
+		wcancel()
+		warming.Wait()
 		if err != nil {
 			d.close() // stopped while standing by
 			return
@@ -282,6 +294,7 @@ func (d *device) takeOver(ctx context.Context) error {
 	w := d.w
 	t0 := time.Now()
 	from, err := d.restore(ctx)
+	d.clearWarm() // what the checkpoint did not name
 	if err != nil {
 		return err
 	}
@@ -512,6 +525,7 @@ func (d *device) halt() {
 
 // close frees every session and closes the backend. Called after run returned.
 func (d *device) close() {
+	d.clearWarm()
 	d.waitCheckpoint(true)
 	d.stopFlying()
 	d.stopLazy()

@@ -42,6 +42,10 @@ type metrics struct {
 	// restorePending: bytes of restored tensors still to be read.
 	restorePending                      atomic.Int64
 	ckptLastNanos, ckptAt, ckptFailures atomic.Uint64
+	// warmBytes: the memory of the tensors a standby read ahead (warm.go);
+	// warmHits: the restored tensors a takeover found read ahead.
+	warmBytes atomic.Int64
+	warmHits  atomic.Uint64
 	// snapNanos is the time the device loop spent taking checkpoint
 	// snapshots: all that a checkpoint stops the loop for.
 	snapNanos atomic.Uint64
@@ -219,6 +223,10 @@ func (w *Worker) WriteMetrics(out io.Writer) error {
 			func(d *device) float64 { return float64(d.m.ckptFailures.Load()) }},
 		{"jetfabric_device_restore_pending_bytes", "gauge", "Bytes of the last restore's large tensors still to be read from their objects (the device serves meanwhile).",
 			func(d *device) float64 { return float64(d.m.restorePending.Load()) }},
+		{"jetfabric_device_standby_warm_bytes", "gauge", "Memory of the tensors a standby read ahead from the device's last committed checkpoint, for a takeover.",
+			func(d *device) float64 { return float64(d.m.warmBytes.Load()) }},
+		{"jetfabric_device_restore_warm_tensors_total", "counter", "Restored tensors a takeover found read ahead by the standby, not read from their objects.",
+			func(d *device) float64 { return float64(d.m.warmHits.Load()) }},
 		{"jetfabric_device_fused_groups_total", "counter", "Runs of elementwise ops executed as one fused kernel.",
 			func(d *device) float64 { return float64(d.m.fusedGroups.Load()) }},
 		{"jetfabric_device_fused_ops_total", "counter", "Ops executed inside fused groups.",

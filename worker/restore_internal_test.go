@@ -62,8 +62,9 @@ func newRestoreRig(t *testing.T) *restoreRig {
 	return &restoreRig{t: t, url: b.ClientURL(), nc: nc, js: js, inbox: inbox, logs: &syncLog{}}
 }
 
-// start runs a worker serving cpu-0 until the test ends.
-func (r *restoreRig) start(id string) *Worker {
+// start runs a worker serving cpu-0 until the test ends, its config
+// edited by edit.
+func (r *restoreRig) start(id string, edit ...func(*Config)) *Worker {
 	r.t.Helper()
 	nc, err := nats.Connect(r.url)
 	if err != nil {
@@ -75,6 +76,9 @@ func (r *restoreRig) start(id string) *Worker {
 	cfg.CheckpointInterval = 0
 	cfg.LeaseTTL = 200 * time.Millisecond
 	cfg.Logf = r.logs.logf
+	for _, e := range edit {
+		e(&cfg)
+	}
 	w, err := New(nc, cfg)
 	if err != nil {
 		r.t.Fatal(err)

@@ -155,6 +155,7 @@ type workerFlags struct {
 	noFusion   bool
 	noPrograms bool
 	syncColl   bool
+	noAhead    bool
 	cpuThreads int
 	lanes      int // 0 (a literal workerFlags): the worker default
 	// budget: bytes for every device (>0), or 0 and fraction (of each
@@ -174,6 +175,7 @@ func (f *workerFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.cpuThreads, "cpu-threads", 0, "goroutines one op on a CPU device splits its work over (0: GOMAXPROCS); with fewer than GOMAXPROCS, the processors left over serve the network and collectives while ops run")
 	fs.IntVar(&f.lanes, "lanes", worker.DefaultLanes(), "connections that move a large upload or result as pieces in parallel when the broker keeps transfers in memory, 1 to 16 (default: one for every four cores, up to 4); 1 moves every object whole on one connection")
 	fs.BoolVar(&f.syncColl, "sync-collectives", false, "run each collective to its end before the device's next op, even on a CPU device, where by default it runs beside the ops that do not read its output")
+	fs.BoolVar(&f.noAhead, "no-read-ahead", false, "as a standby, do not read the tensors of the device's committed checkpoints ahead of a takeover (by default a standby holds a copy of them, up to the device's memory budget, so that a takeover need not read them after the owner died)")
 	fs.BoolVar(&f.noChains, "no-gpu-chains", false, "launch each elementwise op on a GPU by itself, instead of a run of them as one kernel (the same bits either way)")
 	fs.BoolVar(&f.tf32, "tf32", false, "let float32 matmuls on GPUs use TF32 tensor cores (faster, about 1e-3 relative error)")
 	fs.StringVar(&f.jobs, "jobs", "", "also take jobs of this device kind from the jobs stream (cpu); with -cpus 0, only jobs")
@@ -211,6 +213,7 @@ func (f *workerFlags) config(logf func(string, ...any)) (worker.Config, error) {
 	cfg.NoFusion = f.noFusion
 	cfg.NoPrograms = f.noPrograms
 	cfg.SyncCollectives = f.syncColl
+	cfg.NoReadAhead = f.noAhead
 	if f.lanes != 0 {
 		cfg.Lanes = f.lanes
 	}

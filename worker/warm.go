@@ -1,0 +1,223 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetfabric/jetfabric/kernels"
+	"github.com/jetfabric/jetfabric/subjects"
+)
+
+// A standby reads ahead. While another worker holds a device's lease, the
+// standby follows the device's committed checkpoints and reads the tensor
+// objects they name into memory of its own, so that a takeover finds them
+// there: the restore adopts them (see restoreTensor) instead of reading
+// them from the object store after the owner died, when the frames the
+// new owner replays wait for them.
+
+// warmTensor is one tensor object read ahead, by its digest: in a buffer
+// of the device's backend that the restore adopts, where the host
+// addresses the backend's memory (a CPU device); else in host memory, which
+// the restore uploads beside the device loop as it would the object.
+type warmTensor struct {
+	buf  kernels.Buffer
+	host []byte
+}
+
+// bytes is the memory the tensor holds.
+func (t *warmTensor) bytes() int64 {
+	if t.buf != nil {
+		return int64(t.buf.Bytes())
+	}
+	return int64(len(t.host))
+}
+
+// warmRetry is how long the reader waits after a failed read (the object
+// store unreachable, an object swept by a newer checkpoint, one that does
+// not match its digest) before it reads the device's latest checkpoint
+// again; the wait doubles while reads keep failing, up to warmRetryMax.
+const (
+	warmRetry    = time.Second
+	warmRetryMax = 30 * time.Second
+)
+
+// warmUp follows the device's committed checkpoints until ctx ends,
+// keeping in d.warm the tensors of the latest one, as many as the
+// device's memory budget allows (all without a budget). It owns d.warm
+// until it returns; the caller waits for it before a takeover reads
+// d.warm.
+func (d *device) warmUp(ctx context.Context) {
+	watcher, err := d.w.ctrl.Watch(ctx, subjects.CheckpointKey(d.cfg.Name))
+	if err != nil {
+		if ctx.Err() == nil {
+			d.w.logf("worker: %s: standby: watch the checkpoints: %v; nothing is read ahead", d.cfg.Name, err)
+		}
+		return
+	}
+	defer func() { _ = watcher.Stop() }()
+	if d.warm == nil {
+		d.warm = map[string]*warmTensor{}
+	}
+	var retry <-chan time.Time
+	wait := warmRetry
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case e, ok := <-watcher.Updates():
+			if !ok {
+				return
+			}
+			if e == nil {
+				continue // the initial values are in
+			}
+		case <-retry:
+		}
+		retry = nil
+		err := d.warmTo(ctx, watcher)
+		for errors.Is(err, errNewer) {
+			err = d.warmTo(ctx, watcher)
+		}
+		switch {
+		case err == nil:
+			wait = warmRetry
+		case ctx.Err() == nil:
+			d.w.logf("worker: %s: standby: read ahead: %v; again in %v", d.cfg.Name, err, wait)
+			retry = time.After(wait)
+			wait = min(2*wait, warmRetryMax)
+		}
+	}
+}
+
+// errNewer stops a read-ahead pass: a newer checkpoint was committed.
+var errNewer = errors.New("a newer checkpoint was committed")
+
+// warmTo reads ahead the tensors of the device's latest committed
+// checkpoint and lets go of the ones it no longer names. It stops, for
+// the next pass, when the watcher announces a newer checkpoint.
+func (d *device) warmTo(ctx context.Context, watcher jetstream.KeyWatcher) (failed error) {
+	ref, man, magic, _, err := d.readCheckpoint(ctx)
+	if err != nil || ref == nil || magic != ckptMagic {
+		return err // no checkpoint, or one of version 1: nothing to read ahead
+	}
+	// The tensor objects the checkpoint names, each once.
+	want := map[string]int{}
+	var order []string
+	for _, cs := range man.Sessions {
+		for _, ct := range cs.Tensors {
+			if ct.Digest == "" {
+				continue // inline: in the manifest
+			}
+			m := kernels.Meta{DType: kernels.DType(ct.DType), Shape: ct.Shape}
+			if !m.DType.Valid() || kernels.CheckShape(m.Shape, d.w.cfg.Limits.Tensor) != nil {
+				continue // the restore refuses it
+			}
+			if _, ok := want[ct.Digest]; !ok {
+				want[ct.Digest] = m.Bytes()
+				order = append(order, ct.Digest)
+			}
+		}
+	}
+	for digest, t := range d.warm {
+		if n, ok := want[digest]; !ok || int64(n) != t.bytes() {
+			d.dropWarm(digest)
+		}
+	}
+	for _, digest := range order {
+		if _, ok := d.warm[digest]; ok {
+			continue
+		}
+		select {
+		case e := <-watcher.Updates():
+			if e != nil {
+				return errNewer
+			}
+		default:
+		}
+		n := want[digest]
+		if b := d.mem.budget; b > 0 && d.m.warmBytes.Load()+int64(n) > b {
+			continue // over the device's budget: read after a takeover, as without a standby
+		}
+		if err := d.readWarm(ctx, digest, n); err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			// The others are read all the same; this one again later.
+			failed = errors.Join(failed, err)
+		}
+	}
+	return failed
+}
+
+// readWarm reads the object of one tensor of n bytes into d.warm.
+func (d *device) readWarm(ctx context.Context, digest string, n int) error {
+	t := &warmTensor{}
+	var dst []byte
+	if u, ok := d.cfg.Backend.(uninitAllocator); ok {
+		buf, err := u.AllocUninit(n)
+		if err != nil {
+			return fmt.Errorf("tensor %s of %d bytes: %w", digest, n, err)
+		}
+		if h, ok := buf.(hostMemory); ok && len(h.Host()) >= n {
+			t.buf, dst = buf, h.Host()[:n]
+		} else {
+			d.cfg.Backend.Free(buf)
+		}
+	}
+	if dst == nil {
+		t.host = make([]byte, n)
+		dst = t.host
+	}
+	name := tensorObject(d.cfg.Name, digest)
+	info, err := d.w.ckpt.GetInto(ctx, name, dst)
+	if err == nil && info.SHA256 != digest {
+		err = fmt.Errorf("object %s has digest %s, the manifest names %s", name, info.SHA256, digest)
+	}
+	if err != nil {
+		if t.buf != nil {
+			d.cfg.Backend.Free(t.buf)
+		}
+		return fmt.Errorf("tensor object %s: %w", name, err)
+	}
+	d.warm[digest] = t
+	d.m.warmBytes.Add(t.bytes())
+	return nil
+}
+
+// takeWarm hands the restore the tensor of digest read ahead, if any; the
+// restore owns it from then on.
+func (d *device) takeWarm(digest string, n int) *warmTensor {
+	t := d.warm[digest]
+	if t == nil || t.bytes() != int64(n) {
+		return nil
+	}
+	delete(d.warm, digest)
+	d.m.warmBytes.Add(-t.bytes())
+	d.m.warmHits.Add(1)
+	return t
+}
+
+// dropWarm lets go of the tensor of digest read ahead.
+func (d *device) dropWarm(digest string) {
+	t := d.warm[digest]
+	if t == nil {
+		return
+	}
+	delete(d.warm, digest)
+	d.m.warmBytes.Add(-t.bytes())
+	if t.buf != nil {
+		d.cfg.Backend.Free(t.buf)
+	}
+}
+
+// clearWarm lets go of every tensor read ahead (after a restore took what
+// it names, or when the worker stops). No reader may run.
+func (d *device) clearWarm() {
+	for digest := range d.warm {
+		d.dropWarm(digest)
+	}
+}
