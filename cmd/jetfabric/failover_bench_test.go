@@ -69,8 +69,15 @@ func BenchmarkFailover(b *testing.B) {
 // TTL for a session that holds 1 GiB in 16 tensors of 64 MiB, all in the
 // device's last checkpoint: from the SIGKILL to the answer of a read of a
 // small tensor (first), of the sum of one large tensor (one), and of the
-// sum of all of them (all: every tensor restored).
+// sum of all of them (all: every tensor restored). at-commit kills the
+// owner as soon as the checkpoint is committed, before the standby can
+// have read it ahead; read-ahead once the standby holds its tensors.
 func BenchmarkFailoverHeld(b *testing.B) {
+	b.Run("at-commit", func(b *testing.B) { failoverHeld(b, false) })
+	b.Run("read-ahead", func(b *testing.B) { failoverHeld(b, true) })
+}
+
+func failoverHeld(b *testing.B, readAhead bool) {
 	const tensors, elems = 16, 16 << 20 // f32: 16 x 64 MiB
 	br := brokertest.Run(b)
 	nc, err := nats.Connect(br.ClientURL())
@@ -90,7 +97,8 @@ func BenchmarkFailoverHeld(b *testing.B) {
 		dev := fmt.Sprintf("cpu-%d", n)
 		owner := spawnB(b, "worker", "--url", br.ClientURL(), "--devices", dev, "--id", fmt.Sprintf("o%d", n))
 		waitServedB(b, br.ClientURL(), dev, fmt.Sprintf("o%d", n))
-		spawnB(b, "worker", "--url", br.ClientURL(), "--devices", dev, "--id", fmt.Sprintf("s%d", n))
+		metrics := fmt.Sprintf("127.0.0.1:%d", freeLoopbackPort())
+		spawnB(b, "worker", "--url", br.ClientURL(), "--devices", dev, "--id", fmt.Sprintf("s%d", n), "--metrics", metrics)
 		c, err := client.Connect(br.ClientURL())
 		if err != nil {
 			b.Fatal(err)
@@ -126,6 +134,19 @@ func BenchmarkFailoverHeld(b *testing.B) {
 				b.Fatal("no checkpoint committed")
 			}
 			time.Sleep(20 * time.Millisecond)
+		}
+		if readAhead {
+			warm := &soakProc{id: "standby", metrics: "http://" + metrics + "/metrics"}
+			for {
+				m, _ := warm.scrape()
+				if m["jetfabric_device_standby_warm_bytes"] >= tensors*4*elems {
+					break
+				}
+				if time.Now().After(deadline) {
+					b.Fatalf("the standby read %v bytes ahead in 2 minutes", m["jetfabric_device_standby_warm_bytes"])
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
 		}
 		time.Sleep(50 * time.Millisecond) // let the standby settle
 		b.StartTimer()
