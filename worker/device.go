@@ -84,7 +84,10 @@ type device struct {
 	broken   bool
 	// warm are the tensors a standby read ahead, by digest (warm.go):
 	// warmUp's while the device stands by, the takeover's after it.
-	warm map[string]*warmTensor
+	// warmWant is the memory of the tensors warmUp reads ahead for the
+	// last checkpoint it saw (takeoverLag reads it).
+	warm     map[string]*warmTensor
+	warmWant atomic.Int64
 	// consumed are transfer objects this device read last; deleted once a
 	// checkpoint covers the ops that read them.
 	consumed []string
@@ -207,7 +210,7 @@ func (d *device) serve(ready chan<- error) {
 				}
 			}
 			once()
-		})
+		}, d.takeoverLag)
 		acancel()
 		wcancel()
 		warming.Wait()

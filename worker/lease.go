@@ -69,20 +69,35 @@ const maxLeasePoll = 250 * time.Millisecond
 // acquireLease returns once the worker me names (its Worker and Live)
 // holds the device's lease, waiting as a standby while a live holder
 // renews it, or until ctx ends. onStandby is called once if the lease was
-// held by someone else.
+// held by someone else. lag, if not nil, is how much longer than the
+// others this standby leaves a dead or paused holder's lease before it
+// takes it (see device.takeoverLag).
 func acquireLease(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, names subjects.Names,
-	device string, me leaseValue, ttl time.Duration, onStandby func(holder string)) (*lease, error) {
+	device string, me leaseValue, ttl time.Duration, onStandby func(holder string), lag func() time.Duration) (*lease, error) {
 	l := &lease{js: js, kv: kv, names: names, device: device, me: me, ttl: ttl}
 	key := subjects.LeaseKey(device)
 	val := l.value()
 	var seenRev uint64
 	var seenAt time.Time
-	var gone absence // of the holder of seenRev
+	var gone absence     // of the holder of seenRev
+	var vacant time.Time // since when no one has held the lease
 	told := false
+	late := func() time.Duration {
+		if lag == nil {
+			return 0
+		}
+		return lag()
+	}
 	for {
 		e, err := kv.Get(ctx, key)
 		switch {
 		case errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted):
+			if vacant.IsZero() {
+				vacant = time.Now()
+			}
+			if time.Since(vacant) < late() {
+				break // a standby with more read ahead may take it first
+			}
 			rev, err := kv.Create(ctx, key, val, jetstream.KeyTTL(leaseStoreTTL))
 			if err == nil {
 				l.rev = rev
@@ -96,6 +111,7 @@ func acquireLease(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyV
 				return nil, fmt.Errorf("worker: lease %s: %w", device, ctx.Err())
 			}
 		default:
+			vacant = time.Time{}
 			var held leaseValue
 			_ = json.Unmarshal(e.Value(), &held)
 			if held.Worker == me.Worker {
@@ -115,7 +131,7 @@ func acquireLease(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyV
 			away := gone.look(holderGone(js.Conn(), names, held, leasePoll(ttl)/2))
 			// Not renewed for a whole TTL (the holder is gone or paused),
 			// or the holder's connection gone for goneFor: take it.
-			if time.Since(seenAt) >= ttl || away >= goneFor(ttl) {
+			if wait := late(); time.Since(seenAt) >= ttl+wait || away >= goneFor(ttl)+wait {
 				val = l.value()
 				if rev, err := l.put(ctx, val, seenRev); err == nil {
 					l.rev = rev

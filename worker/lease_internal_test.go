@@ -35,7 +35,7 @@ func TestLeaseRenewalStoredUnanswered(t *testing.T) {
 	defer cancel()
 	names := subjects.Default()
 	key := subjects.LeaseKey("cpu-9")
-	l, err := acquireLease(ctx, js, kv, names, "cpu-9", leaseValue{Worker: "w1"}, time.Second, nil)
+	l, err := acquireLease(ctx, js, kv, names, "cpu-9", leaseValue{Worker: "w1"}, time.Second, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +106,7 @@ func TestLeaseRenewalStoredUnanswered(t *testing.T) {
 	if err := kv.Delete(ctx, key); err != nil {
 		t.Fatal(err)
 	}
-	l2, err := acquireLease(ctx, js, kv, names, "cpu-9", leaseValue{Worker: "w1"}, time.Second, nil)
+	l2, err := acquireLease(ctx, js, kv, names, "cpu-9", leaseValue{Worker: "w1"}, time.Second, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,14 +164,14 @@ func TestLeaseHolderGone(t *testing.T) {
 	if err := hnc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	held, err := acquireLease(ctx, hjs, hkv, names, "cpu-8", leaseValue{Worker: "h", Live: "holder"}, time.Minute, nil)
+	held, err := acquireLease(ctx, hjs, hkv, names, "cpu-8", leaseValue{Worker: "h", Live: "holder"}, time.Minute, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, sjs, skv := dialCtrl(t, b)
 	got := make(chan error, 1)
 	go func() {
-		l, err := acquireLease(ctx, sjs, skv, names, "cpu-8", leaseValue{Worker: "s", Live: "standby"}, time.Minute, nil)
+		l, err := acquireLease(ctx, sjs, skv, names, "cpu-8", leaseValue{Worker: "s", Live: "standby"}, time.Minute, nil, nil)
 		if err == nil && l.me.Worker != "s" {
 			err = errors.New("a lease of another worker")
 		}

@@ -93,6 +93,27 @@ func (d *device) warmUp(ctx context.Context) {
 	}
 }
 
+// maxTakeoverLag is how much longer than a standby that holds the whole
+// of the device's last checkpoint read ahead one that holds none of it
+// leaves a dead holder's lease, or a vacant one (see takeoverLag). A
+// variable for tests.
+var maxTakeoverLag = 250 * time.Millisecond
+
+// takeoverLag is how much longer this standby leaves a dead or paused
+// holder's lease than one that has read the device's last checkpoint
+// ahead in full: maxTakeoverLag times the part of it not read yet. Of
+// several standbys, the one with the most read ahead takes the device
+// over; one alone takes it at most maxTakeoverLag later than it would
+// have. 0 without read-ahead, or with nothing to read.
+func (d *device) takeoverLag() time.Duration {
+	want := d.warmWant.Load()
+	if want <= 0 || d.w.cfg.NoReadAhead || d.adopting {
+		return 0
+	}
+	have := min(d.m.warmBytes.Load(), want)
+	return time.Duration(float64(maxTakeoverLag) * float64(want-have) / float64(want))
+}
+
 // errNewer stops a read-ahead pass: a newer checkpoint was committed.
 var errNewer = errors.New("a newer checkpoint was committed")
 
@@ -127,6 +148,14 @@ func (d *device) warmTo(ctx context.Context, watcher jetstream.KeyWatcher) (fail
 			d.dropWarm(digest)
 		}
 	}
+	var total int64
+	for _, n := range want {
+		total += int64(n)
+	}
+	if b := d.mem.budget; b > 0 {
+		total = min(total, b)
+	}
+	d.warmWant.Store(total)
 	for _, digest := range order {
 		if _, ok := d.warm[digest]; ok {
 			continue
@@ -220,4 +249,5 @@ func (d *device) clearWarm() {
 	for digest := range d.warm {
 		d.dropWarm(digest)
 	}
+	d.warmWant.Store(0)
 }

@@ -221,3 +221,36 @@ func TestStandbyReadsAheadWithinLimits(t *testing.T) {
 		}
 	})
 }
+
+// TestWarmestStandbyTakesOver: of two standbys, the one that read the
+// device's checkpoint ahead takes the device over, the one that could not
+// (its budget holds no tensor) leaving the lease to it.
+func TestWarmestStandbyTakesOver(t *testing.T) {
+	// Long enough that the warm standby takes the lease first on any machine.
+	defer func(lag time.Duration) { maxTakeoverLag = lag }(maxTakeoverLag)
+	maxTakeoverLag = 10 * time.Second
+	r := newReadAheadRig(t)
+	cold := r.start("cold", func(c *Config) { c.Devices[0].Budget = 1 << 19 })
+	r.standby()
+	r.warmBytes(4 << 20)
+	cd := cold.devices[0]
+	checkUntil(t, 20*time.Second, func() error {
+		if got := cd.warmWant.Load(); got != 1<<19 {
+			return fmt.Errorf("the cold standby wants %d bytes read ahead, want its budget", got)
+		}
+		return nil
+	})
+	if lag := cd.takeoverLag(); lag != maxTakeoverLag {
+		t.Fatalf("the cold standby's lag is %v, want %v", lag, maxTakeoverLag)
+	}
+	if lag := r.second.devices[0].takeoverLag(); lag != 0 {
+		t.Fatalf("the warm standby's lag is %v, want 0", lag)
+	}
+	r.takeOver(1, 2, 3, 4)
+	if hits := r.second.devices[0].m.warmHits.Load(); hits != 4 {
+		t.Fatalf("the warm standby restored %d tensors read ahead, want 4 (it did not take the device over?)\n%s", hits, r.logs)
+	}
+	if cd.serving() {
+		t.Fatal("the cold standby serves the device too")
+	}
+}
