@@ -85,7 +85,8 @@ type device struct {
 	// warm are the tensors a standby read ahead, by digest (warm.go):
 	// warmUp's while the device stands by, the takeover's after it.
 	// warmWant is the memory of the tensors warmUp reads ahead for the
-	// last checkpoint it saw (takeoverLag reads it).
+	// last checkpoint it saw, -1 before it has looked (takeoverLag reads
+	// it).
 	warm     map[string]*warmTensor
 	warmWant atomic.Int64
 	// consumed are transfer objects this device read last; deleted once a

@@ -130,13 +130,15 @@ func (w *Worker) heldBytes() int64 {
 // heapTensorBytes is the tensor memory of the devices among devs whose
 // tensors are Go heap: not a GPU's, whose tensors live in its own memory
 // and cost the collector nothing. Counting them would run the collector
-// many times as often while a GPU holds gigabytes, for no heap.
+// many times as often while a GPU holds gigabytes, for no heap. The
+// tensors a standby read ahead are Go heap on every device (warm.go).
 func heapTensorBytes(devs []*device) int64 {
 	var n int64
 	for _, d := range devs {
 		if d.cfg.Kind != "gpu" {
 			n += d.mem.held.Load()
 		}
+		n += d.m.warmBytes.Load()
 	}
 	return n
 }

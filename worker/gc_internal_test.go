@@ -3,7 +3,8 @@ package worker
 import "testing"
 
 // TestHeapTensorBytes: only devices whose tensors are Go heap set the
-// collector's pace; a GPU's tensors do not.
+// collector's pace; a GPU's tensors do not, the host copies a standby of a
+// GPU read ahead do.
 func TestHeapTensorBytes(t *testing.T) {
 	cpu, gpu := &device{cfg: Device{Name: "cpu-0", Kind: "cpu"}}, &device{cfg: Device{Name: "gpu-0", Kind: "gpu"}}
 	cpu.mem.held.Store(3 << 30)
@@ -20,5 +21,10 @@ func TestHeapTensorBytes(t *testing.T) {
 	}
 	if p := gcPercent(heapTensorBytes([]*device{cpu, gpu}), 100); p != 12 {
 		t.Errorf("GOGC %d with 3 GiB on the CPU, want 12", p)
+	}
+	cpu.m.warmBytes.Store(1 << 30)
+	gpu.m.warmBytes.Store(2 << 30)
+	if n := heapTensorBytes([]*device{cpu, gpu}); n != 6<<30 {
+		t.Errorf("heap tensor bytes %d with 3 GiB read ahead, want %d", n, 6<<30)
 	}
 }

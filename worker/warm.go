@@ -51,6 +51,11 @@ const (
 // until it returns; the caller waits for it before a takeover reads
 // d.warm.
 func (d *device) warmUp(ctx context.Context) {
+	// Until the first look at the checkpoint, this standby counts as
+	// holding none of it (see takeoverLag).
+	if d.warmWant.Load() == 0 {
+		d.warmWant.Store(-1)
+	}
 	watcher, err := d.w.ctrl.Watch(ctx, subjects.CheckpointKey(d.cfg.Name))
 	if err != nil {
 		if ctx.Err() == nil {
@@ -101,14 +106,18 @@ var maxTakeoverLag = 250 * time.Millisecond
 
 // takeoverLag is how much longer this standby leaves a dead or paused
 // holder's lease than one that has read the device's last checkpoint
-// ahead in full: maxTakeoverLag times the part of it not read yet. Of
-// several standbys, the one with the most read ahead takes the device
-// over; one alone takes it at most maxTakeoverLag later than it would
-// have. 0 without read-ahead, or with nothing to read.
+// ahead in full: maxTakeoverLag times the part of it not read yet (all
+// of it before the standby has looked at the checkpoint). Of several
+// standbys, the one with the most read ahead takes the device over; one
+// alone takes it at most maxTakeoverLag later than it would have. 0
+// without read-ahead, or with nothing to read.
 func (d *device) takeoverLag() time.Duration {
 	want := d.warmWant.Load()
-	if want <= 0 || d.w.cfg.NoReadAhead || d.adopting {
+	switch {
+	case d.w.cfg.NoReadAhead || d.adopting || want == 0:
 		return 0
+	case want < 0:
+		return maxTakeoverLag
 	}
 	have := min(d.m.warmBytes.Load(), want)
 	return time.Duration(float64(maxTakeoverLag) * float64(want-have) / float64(want))
@@ -122,8 +131,12 @@ var errNewer = errors.New("a newer checkpoint was committed")
 // the next pass, when the watcher announces a newer checkpoint.
 func (d *device) warmTo(ctx context.Context, watcher jetstream.KeyWatcher) (failed error) {
 	ref, man, magic, _, err := d.readCheckpoint(ctx)
-	if err != nil || ref == nil || magic != ckptMagic {
-		return err // no checkpoint, or one of version 1: nothing to read ahead
+	if err != nil {
+		return err
+	}
+	if ref == nil || magic != ckptMagic {
+		d.warmWant.Store(0) // no checkpoint, or one of version 1: nothing to read ahead
+		return nil
 	}
 	// The tensor objects the checkpoint names, each once.
 	want := map[string]int{}
@@ -241,6 +254,7 @@ func (d *device) dropWarm(digest string) {
 	if t.buf != nil {
 		d.cfg.Backend.Free(t.buf)
 	}
+	d.mem.freed.Add(t.bytes()) // returned to the system by the next reclaim
 }
 
 // clearWarm lets go of every tensor read ahead (after a restore took what
