@@ -724,11 +724,13 @@ func (d *device) restoreTensor(magic string, ct ckptTensor, data []byte) (t *ker
 	if fromObject {
 		warm = d.takeWarm(ct.Digest, n)
 	}
-	if warm != nil && warm.buf != nil {
-		// Read ahead by this worker as a standby, into the backend's
-		// memory: the tensor is there.
-		d.mem.held.Add(int64(warm.buf.Bytes()))
-		return &kernels.Tensor{Meta: m, Buf: warm.buf}, nil, nil
+	if hw, ok := d.cfg.Backend.(hostWrapper); ok && warm != nil {
+		// Read ahead by this worker as a standby, into memory the
+		// backend takes over: the tensor is there.
+		if buf, err := hw.Wrap(warm.host); err == nil {
+			d.mem.held.Add(int64(buf.Bytes()))
+			return &kernels.Tensor{Meta: m, Buf: buf}, nil, nil
+		}
 	}
 	alloc := d.cfg.Backend.Alloc
 	if u, ok := d.cfg.Backend.(uninitAllocator); ok && fromObject {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unsafe"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -15,25 +16,24 @@ import (
 // A standby reads ahead. While another worker holds a device's lease, the
 // standby follows the device's committed checkpoints and reads the tensor
 // objects they name into memory of its own, so that a takeover finds them
-// there: the restore adopts them (see restoreTensor) instead of reading
-// them from the object store after the owner died, when the frames the
-// new owner replays wait for them.
+// there (see restoreTensor) instead of reading them from the object store
+// after the owner died, when the frames the new owner replays wait for
+// them.
 
-// warmTensor is one tensor object read ahead, by its digest: in a buffer
-// of the device's backend that the restore adopts, where the host
-// addresses the backend's memory (a CPU device); else in host memory, which
-// the restore uploads beside the device loop as it would the object.
+// warmTensor is one tensor object read ahead, by its digest, in host
+// memory (8-byte aligned): a backend that can wrap host memory (the CPU)
+// adopts it as the tensor's buffer at the takeover; another has it
+// uploaded beside the device loop, as it would have the object read.
 type warmTensor struct {
-	buf  kernels.Buffer
 	host []byte
 }
 
 // bytes is the memory the tensor holds.
-func (t *warmTensor) bytes() int64 {
-	if t.buf != nil {
-		return int64(t.buf.Bytes())
-	}
-	return int64(len(t.host))
+func (t *warmTensor) bytes() int64 { return int64(len(t.host)) }
+
+// hostWrapper is a backend that takes host memory over as a buffer.
+type hostWrapper interface {
+	Wrap(data []byte) (kernels.Buffer, error)
 }
 
 // warmRetry is how long the reader waits after a failed read (the object
@@ -197,37 +197,28 @@ func (d *device) warmTo(ctx context.Context, watcher jetstream.KeyWatcher) (fail
 
 // readWarm reads the object of one tensor of n bytes into d.warm.
 func (d *device) readWarm(ctx context.Context, digest string, n int) error {
-	t := &warmTensor{}
-	var dst []byte
-	if u, ok := d.cfg.Backend.(uninitAllocator); ok {
-		buf, err := u.AllocUninit(n)
-		if err != nil {
-			return fmt.Errorf("tensor %s of %d bytes: %w", digest, n, err)
-		}
-		if h, ok := buf.(hostMemory); ok && len(h.Host()) >= n {
-			t.buf, dst = buf, h.Host()[:n]
-		} else {
-			d.cfg.Backend.Free(buf)
-		}
-	}
-	if dst == nil {
-		t.host = make([]byte, n)
-		dst = t.host
-	}
+	t := &warmTensor{host: alignedBytes(n)}
 	name := tensorObject(d.cfg.Name, digest)
-	info, err := d.w.ckpt.GetInto(ctx, name, dst)
+	info, err := d.w.ckpt.GetInto(ctx, name, t.host)
 	if err == nil && info.SHA256 != digest {
 		err = fmt.Errorf("object %s has digest %s, the manifest names %s", name, info.SHA256, digest)
 	}
 	if err != nil {
-		if t.buf != nil {
-			d.cfg.Backend.Free(t.buf)
-		}
+		d.mem.freed.Add(int64(n))
 		return fmt.Errorf("tensor object %s: %w", name, err)
 	}
 	d.warm[digest] = t
 	d.m.warmBytes.Add(t.bytes())
 	return nil
+}
+
+// alignedBytes returns n bytes of fresh memory, 8-byte aligned.
+func alignedBytes(n int) []byte {
+	if n == 0 {
+		return []byte{}
+	}
+	w := make([]uint64, (n+7)/8)
+	return unsafe.Slice((*byte)(unsafe.Pointer(&w[0])), n)
 }
 
 // takeWarm hands the restore the tensor of digest read ahead, if any; the
@@ -251,9 +242,6 @@ func (d *device) dropWarm(digest string) {
 	}
 	delete(d.warm, digest)
 	d.m.warmBytes.Add(-t.bytes())
-	if t.buf != nil {
-		d.cfg.Backend.Free(t.buf)
-	}
 	d.mem.freed.Add(t.bytes()) // returned to the system by the next reclaim
 }
 

@@ -83,6 +83,17 @@ func (b *Backend) Alloc(n int) (kernels.Buffer, error) {
 	return buf, nil
 }
 
+// Wrap returns a buffer over data, which the caller filled and gives up:
+// the backend owns it from then on. data must be 8-byte aligned (as a
+// []uint64 viewed as bytes is). Freed, it is left to the garbage
+// collector, not kept for reuse.
+func (b *Backend) Wrap(data []byte) (kernels.Buffer, error) {
+	if len(data) > 0 && uintptr(unsafe.Pointer(unsafe.SliceData(data)))%8 != 0 {
+		return nil, fmt.Errorf("%w: cpu: wrap: memory not 8-byte aligned", kernels.ErrShape)
+	}
+	return &Buffer{data: data}, nil
+}
+
 // AllocUninit is Alloc for a caller that writes every byte before reading
 // any (an upload, a transfer): a buffer reused from the cache keeps its
 // old contents.
