@@ -14,6 +14,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetfabric/jetfabric/kernels"
+	"github.com/jetfabric/jetfabric/kernels/cpu"
 	"github.com/jetfabric/jetfabric/subjects"
 )
 
@@ -219,6 +221,22 @@ func TestStandbyReadsAheadWithinLimits(t *testing.T) {
 			t.Fatalf("the takeover found %d tensors read ahead, want 2", hits)
 		}
 	})
+	t.Run("uploaded", func(t *testing.T) {
+		// A backend that cannot take host memory over (a GPU's): the
+		// copies read ahead are uploaded after the takeover.
+		r := newReadAheadRig(t)
+		r.standby(func(c *Config) { c.Devices[0].Backend = uploadOnly{cpu.New(cpu.WithCache(0))} })
+		r.warmBytes(4 << 20)
+		for name := range r.tensorObjects() {
+			if err := r.obj.Delete(context.Background(), name); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r.takeOver(1, 2, 3, 4)
+		if hits := r.second.devices[0].m.warmHits.Load(); hits != 4 {
+			t.Fatalf("the takeover found %d tensors read ahead, want 4", hits)
+		}
+	})
 	t.Run("NoReadAhead", func(t *testing.T) {
 		r := newReadAheadRig(t)
 		r.standby(func(c *Config) { c.NoReadAhead = true })
@@ -262,3 +280,7 @@ func TestWarmestStandbyTakesOver(t *testing.T) {
 		t.Fatal("the cold standby serves the device too")
 	}
 }
+
+// uploadOnly is a backend with nothing but kernels.Backend's methods: no
+// uninitialised allocation, no wrapping of host memory.
+type uploadOnly struct{ kernels.Backend }
