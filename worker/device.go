@@ -89,6 +89,7 @@ type device struct {
 	// it).
 	warm     map[string]*warmTensor
 	warmWant atomic.Int64
+	warmGen  uint64 // read-ahead passes (warm.go)
 	// consumed are transfer objects this device read last; deleted once a
 	// checkpoint covers the ops that read them.
 	consumed []string

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 	"unsafe"
 
@@ -26,6 +27,10 @@ import (
 // uploaded beside the device loop, as it would have the object read.
 type warmTensor struct {
 	host []byte
+	// named: a committed checkpoint named it; else it was read as it was
+	// stored, for a checkpoint being written, in read-ahead pass gen.
+	named bool
+	gen   uint64
 }
 
 // bytes is the memory the tensor holds.
@@ -67,12 +72,32 @@ func (d *device) warmUp(ctx context.Context) {
 	if d.warm == nil {
 		d.warm = map[string]*warmTensor{}
 	}
+	// The tensor objects of a checkpoint being written are read as they
+	// are stored, before it is committed. A notice lost (the channel
+	// full, the connection down) costs only an early read.
+	type stored struct {
+		digest string
+		n      int64
+	}
+	notes := make(chan stored, 4096)
+	prefix := tensorObject(d.cfg.Name, "")
+	if stop, err := d.w.ckpt.Notify(prefix, func(name string, n int64) {
+		select {
+		case notes <- stored{strings.TrimPrefix(name, prefix), n}:
+		default:
+		}
+	}); err == nil {
+		defer stop()
+	}
 	var retry <-chan time.Time
 	wait := warmRetry
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case o := <-notes:
+			d.readEarly(ctx, o.digest, o.n)
+			continue
 		case e, ok := <-watcher.Updates():
 			if !ok {
 				return
@@ -156,8 +181,15 @@ func (d *device) warmTo(ctx context.Context, watcher jetstream.KeyWatcher) (fail
 			}
 		}
 	}
+	// Let go of what this checkpoint does not name, but for tensors read
+	// early since the last one (of the next checkpoint, being written).
+	d.warmGen++
 	for digest, t := range d.warm {
-		if n, ok := want[digest]; !ok || int64(n) != t.bytes() {
+		n, ok := want[digest]
+		switch {
+		case ok && int64(n) == t.bytes():
+			t.named = true
+		case ok, t.named, t.gen+1 < d.warmGen:
 			d.dropWarm(digest)
 		}
 	}
@@ -184,7 +216,7 @@ func (d *device) warmTo(ctx context.Context, watcher jetstream.KeyWatcher) (fail
 		if b := d.mem.budget; b > 0 && d.m.warmBytes.Load()+int64(n) > b {
 			continue // over the device's budget: read after a takeover, as without a standby
 		}
-		if err := d.readWarm(ctx, digest, n); err != nil {
+		if err := d.readWarm(ctx, digest, n, true); err != nil {
 			if ctx.Err() != nil {
 				return err
 			}
@@ -195,9 +227,35 @@ func (d *device) warmTo(ctx context.Context, watcher jetstream.KeyWatcher) (fail
 	return failed
 }
 
-// readWarm reads the object of one tensor of n bytes into d.warm.
-func (d *device) readWarm(ctx context.Context, digest string, n int) error {
-	t := &warmTensor{host: alignedBytes(n)}
+// earlyWait bounds the wait for a tensor object announced as stored to be
+// found in its bucket.
+const earlyWait = 2 * time.Second
+
+// readEarly reads the tensor object of digest, of n bytes, just stored
+// for a checkpoint being written, into d.warm, if it is not there and the
+// device's budget allows. A failure is no news: the object may have been
+// swept since, or its checkpoint may never be committed.
+func (d *device) readEarly(ctx context.Context, digest string, n int64) {
+	if _, ok := d.warm[digest]; ok || n <= 0 || n > int64(d.w.cfg.Limits.Tensor.MaxElements)*8 {
+		return
+	}
+	if b := d.mem.budget; b > 0 && d.m.warmBytes.Load()+n > b {
+		return
+	}
+	// The notice comes as the meta is published, which the bucket's
+	// stream may not have stored yet.
+	wctx, cancel := context.WithTimeout(ctx, earlyWait)
+	_, err := d.w.ckpt.Wait(wctx, tensorObject(d.cfg.Name, digest))
+	cancel()
+	if err == nil {
+		_ = d.readWarm(ctx, digest, int(n), false)
+	}
+}
+
+// readWarm reads the object of one tensor of n bytes into d.warm; named:
+// the last committed checkpoint names it.
+func (d *device) readWarm(ctx context.Context, digest string, n int, named bool) error {
+	t := &warmTensor{host: alignedBytes(n), named: named, gen: d.warmGen}
 	name := tensorObject(d.cfg.Name, digest)
 	info, err := d.w.ckpt.GetInto(ctx, name, t.host)
 	if err == nil && info.SHA256 != digest {

@@ -3,7 +3,9 @@ package worker
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -284,3 +286,22 @@ func TestWarmestStandbyTakesOver(t *testing.T) {
 // uploadOnly is a backend with nothing but kernels.Backend's methods: no
 // uninitialised allocation, no wrapping of host memory.
 type uploadOnly struct{ kernels.Backend }
+
+// TestStandbyReadsEarly: a tensor object stored for a checkpoint not yet
+// committed is read as soon as it is stored; one that no checkpoint
+// names by the second commit after it is let go.
+func TestStandbyReadsEarly(t *testing.T) {
+	r := newReadAheadRig(t)
+	r.standby()
+	r.warmBytes(4 << 20)
+	data := bytes.Repeat([]byte{7}, 1<<20)
+	sum := sha256.Sum256(data)
+	if _, err := r.obj.PutBytes(context.Background(), tensorObject("cpu-0", hex.EncodeToString(sum[:])), data); err != nil {
+		t.Fatal(err)
+	}
+	r.warmBytes(5 << 20)
+	r.checkpoint(`{"op":"full","out":[5],"shape":[4],"value":5}`)
+	r.checkpoint(`{"op":"full","out":[6],"shape":[4],"value":6}`)
+	r.warmBytes(4 << 20)
+	r.takeOver(1, 2, 3, 4)
+}
