@@ -98,6 +98,11 @@
 // that is not a delete marker. It never lists the bucket. Its consumer is
 // deleted when it returns.
 //
+// Notify subscribes to the bucket's meta subjects, with no consumer: it
+// hears of each object stored under a prefix from then on, as its meta is
+// published, which may be before the stream has stored it (Wait for it
+// before reading). A notice lost with the connection is not made up for.
+//
 // # Following a writer
 //
 // A reader need not wait for the meta: Put with WithNUID writes the

@@ -66,11 +66,12 @@
 // giving way before each chunk while the loop runs a frame (giveWay).
 // A takeover restores lazily (restore.go): the device serves once the
 // manifest is in, and its large tensors are read in the background, an op
-// that needs one waiting for it. A standby reads the committed checkpoints'
-// tensors ahead (warm.go), so that a takeover finds most of them in memory;
-// of several standbys, the one holding the most takes the lease. Lease renewals (lease.go), registry
-// heartbeats and session heartbeats run on goroutines of their own and
-// never take the loop; the lease is renewed during a takeover too. While
+// that needs one waiting for it. A standby reads the checkpoints'
+// tensors ahead as they are written (warm.go), so that a takeover finds
+// most of them in memory; of several standbys, the one holding the most
+// takes the lease. Lease renewals (lease.go), registry heartbeats and
+// session heartbeats run on goroutines of their own and never take the
+// loop; the lease is renewed during a takeover too. While
 // the process's workers hold tensors, GOGC follows their bytes (gc.go).
 //
 // With Config.Tenants (tenants.go) the devices also take the tenants'

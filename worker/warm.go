@@ -16,10 +16,11 @@ import (
 
 // A standby reads ahead. While another worker holds a device's lease, the
 // standby follows the device's committed checkpoints and reads the tensor
-// objects they name into memory of its own, so that a takeover finds them
-// there (see restoreTensor) instead of reading them from the object store
-// after the owner died, when the frames the new owner replays wait for
-// them.
+// objects they name into memory of its own, and each tensor object as it
+// is stored, before its checkpoint is committed, so that a takeover finds
+// them there (see restoreTensor) instead of reading them from the object
+// store after the owner died, when the frames the new owner replays wait
+// for them.
 
 // warmTensor is one tensor object read ahead, by its digest, in host
 // memory (8-byte aligned): a backend that can wrap host memory (the CPU)
