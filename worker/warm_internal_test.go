@@ -254,9 +254,12 @@ func TestStandbyReadsAheadWithinLimits(t *testing.T) {
 // device's checkpoint ahead takes the device over, the one that could not
 // (its budget holds no tensor) leaving the lease to it.
 func TestWarmestStandbyTakesOver(t *testing.T) {
-	// Long enough that the warm standby takes the lease first on any machine.
-	defer func(lag time.Duration) { maxTakeoverLag = lag }(maxTakeoverLag)
+	// Long enough that the warm standby takes the lease first on any
+	// machine; put back once the rig's workers have stopped (cleanups run
+	// last registered first).
+	lag := maxTakeoverLag
 	maxTakeoverLag = 10 * time.Second
+	t.Cleanup(func() { maxTakeoverLag = lag })
 	r := newReadAheadRig(t)
 	cold := r.start("cold", func(c *Config) { c.Devices[0].Budget = 1 << 19 })
 	r.standby()
