@@ -760,7 +760,6 @@ func (d *device) restoreTensor(magic string, ct ckptTensor, data []byte) (t *ker
 		}, nil
 	}
 	return t, func(ctx context.Context) error {
-		name := tensorObject(d.cfg.Name, ct.Digest)
 		dst := hostView(t)
 		if dst == nil { // read into host memory (pinned where the backend lends it), then upload
 			var give func()
@@ -768,17 +767,25 @@ func (d *device) restoreTensor(magic string, ct ckptTensor, data []byte) (t *ker
 			defer give()
 			dst = src
 		}
-		info, err := d.w.ckpt.GetInto(ctx, name, dst)
-		if err == nil && info.SHA256 != ct.Digest {
-			err = fmt.Errorf("object %s has digest %s, the manifest names %s", name, info.SHA256, ct.Digest)
-		}
-		if err != nil || src == nil {
+		if err := d.readTensorObject(ctx, ct.Digest, dst); err != nil || src == nil {
 			return err
 		}
 		d.uploadMu.Lock()
 		defer d.uploadMu.Unlock()
 		return d.cfg.Backend.Upload(buf, src)
 	}, nil
+}
+
+// readTensorObject reads the checkpoint's tensor object of digest into
+// dst, which it must fill, and checks that the object is the one the
+// digest names.
+func (d *device) readTensorObject(ctx context.Context, digest string, dst []byte) error {
+	name := tensorObject(d.cfg.Name, digest)
+	info, err := d.w.ckpt.GetInto(ctx, name, dst)
+	if err == nil && info.SHA256 != digest {
+		err = fmt.Errorf("object %s has digest %s, the manifest names %s", name, info.SHA256, digest)
+	}
+	return err
 }
 
 // giveWayMax bounds how long a checkpoint's write waits, before one chunk,

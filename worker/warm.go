@@ -257,14 +257,9 @@ func (d *device) readEarly(ctx context.Context, digest string, n int64) {
 // the last committed checkpoint names it.
 func (d *device) readWarm(ctx context.Context, digest string, n int, named bool) error {
 	t := &warmTensor{host: alignedBytes(n), named: named, gen: d.warmGen}
-	name := tensorObject(d.cfg.Name, digest)
-	info, err := d.w.ckpt.GetInto(ctx, name, t.host)
-	if err == nil && info.SHA256 != digest {
-		err = fmt.Errorf("object %s has digest %s, the manifest names %s", name, info.SHA256, digest)
-	}
-	if err != nil {
+	if err := d.readTensorObject(ctx, digest, t.host); err != nil {
 		d.mem.freed.Add(int64(n))
-		return fmt.Errorf("tensor object %s: %w", name, err)
+		return fmt.Errorf("tensor %.12s: %w", digest, err)
 	}
 	d.warm[digest] = t
 	d.m.warmBytes.Add(t.bytes())
