@@ -90,6 +90,7 @@ type device struct {
 	warm     map[string]*warmTensor
 	warmWant atomic.Int64
 	warmGen  uint64 // read-ahead passes (warm.go)
+	warmMax  int64  // the most memory read ahead (warmLimit; 0: no bound)
 	// consumed are transfer objects this device read last; deleted once a
 	// checkpoint covers the ops that read them.
 	consumed []string

@@ -73,6 +73,7 @@ func (d *device) warmUp(ctx context.Context) {
 	if d.warm == nil {
 		d.warm = map[string]*warmTensor{}
 	}
+	d.warmMax = d.warmLimit()
 	// The tensor objects of a checkpoint being written are read as they
 	// are stored, before it is committed. A notice lost (the channel
 	// full, the connection down) costs only an early read.
@@ -149,6 +150,26 @@ func (d *device) takeoverLag() time.Duration {
 	return time.Duration(float64(maxTakeoverLag) * float64(want-have) / float64(want))
 }
 
+// warmLimit bounds the memory of the tensors read ahead (0: none): the
+// device's budget, and where the copy is host memory beside the device's
+// own (a backend that cannot take host memory over, a GPU's) also the
+// share of the host's memory a CPU device of this worker would have.
+func (d *device) warmLimit() int64 {
+	limit := d.mem.budget
+	if _, ok := d.cfg.Backend.(hostWrapper); !ok {
+		h := defaultBudget(Device{Kind: "cpu"}, d.w.cfg.MemoryFraction, len(d.w.cfg.Devices))
+		if h > 0 && (limit <= 0 || h < limit) {
+			limit = h
+		}
+	}
+	return limit
+}
+
+// warmFits reports whether n more bytes read ahead stay within warmMax.
+func (d *device) warmFits(n int64) bool {
+	return d.warmMax <= 0 || d.m.warmBytes.Load()+n <= d.warmMax
+}
+
 // errNewer stops a read-ahead pass: a newer checkpoint was committed.
 var errNewer = errors.New("a newer checkpoint was committed")
 
@@ -198,7 +219,7 @@ func (d *device) warmTo(ctx context.Context, watcher jetstream.KeyWatcher) (fail
 	for _, n := range want {
 		total += int64(n)
 	}
-	if b := d.mem.budget; b > 0 {
+	if b := d.warmMax; b > 0 {
 		total = min(total, b)
 	}
 	d.warmWant.Store(total)
@@ -214,8 +235,8 @@ func (d *device) warmTo(ctx context.Context, watcher jetstream.KeyWatcher) (fail
 		default:
 		}
 		n := want[digest]
-		if b := d.mem.budget; b > 0 && d.m.warmBytes.Load()+int64(n) > b {
-			continue // over the device's budget: read after a takeover, as without a standby
+		if !d.warmFits(int64(n)) {
+			continue // read after a takeover, as without a standby
 		}
 		if err := d.readWarm(ctx, digest, n, true); err != nil {
 			if ctx.Err() != nil {
@@ -240,7 +261,7 @@ func (d *device) readEarly(ctx context.Context, digest string, n int64) {
 	if _, ok := d.warm[digest]; ok || n <= 0 || n > int64(d.w.cfg.Limits.Tensor.MaxElements)*8 {
 		return
 	}
-	if b := d.mem.budget; b > 0 && d.m.warmBytes.Load()+n > b {
+	if !d.warmFits(n) {
 		return
 	}
 	// The notice comes as the meta is published, which the bucket's
